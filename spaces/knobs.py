@@ -1,0 +1,187 @@
+"""Knob and Space: what can be searched, where it applies, and how a trial suggests it.
+
+A knob that cannot apply on this hardware or to this workload is not offered; a knob that is
+inactive for the other values of a trial (``prefetch_factor`` without workers) is not suggested.
+Either way it keeps its framework default and the trial's ``knobs`` attribute says why.
+Choice lists are fixed per study, as Optuna requires.
+"""
+from __future__ import annotations
+
+import itertools
+from dataclasses import dataclass, field
+from typing import Any, Callable, Iterator, Mapping, Protocol, Sequence
+
+Context = Mapping[str, Any]  # {"hardware": {...}, "workload": {...}} as the probe reported them
+
+
+class Suggester(Protocol):
+    def suggest_categorical(self, name: str, choices: Sequence[Any]) -> Any: ...
+
+
+@dataclass(frozen=True)
+class Knob:
+    """One searchable setting.
+
+    ``choices(ctx)`` gives the default choice list on this hardware (the framework default is
+    always among them); ``unavailable(ctx)`` says why the knob does not apply here (None when it
+    does); ``inactive(values)`` says why it does not apply given the other knobs' values.
+    ``check(value)`` returns an error text for an impossible value, or None.
+    """
+
+    name: str
+    kind: type
+    default: Any
+    help: str
+    choices: Callable[[Context], list[Any]]
+    unavailable: Callable[[Context], str | None] = lambda ctx: None
+    inactive: Callable[[Mapping[str, Any]], str | None] = lambda values: None
+    check: Callable[[Any], str | None] = lambda value: None
+    value_unavailable: Callable[[Any, Context], str | None] = lambda value, ctx: None
+
+    def type_error(self, value: Any) -> str | None:
+        """None when ``value`` has the knob's type (bool is not an int here)."""
+        if self.kind is int and (isinstance(value, bool) or not isinstance(value, int)):
+            return f"expected an integer, got {value!r}"
+        if self.kind is bool and not isinstance(value, bool):
+            return f"expected true or false, got {value!r}"
+        if self.kind is str and not isinstance(value, str):
+            return f"expected a string, got {value!r}"
+        return self.check(value)
+
+
+@dataclass(frozen=True)
+class Resolved:
+    """A knob's value for one trial, and whether it applied."""
+
+    value: Any
+    applied: bool
+    why: str | None = None
+
+    def as_attr(self) -> dict[str, Any]:
+        out: dict[str, Any] = {"value": self.value, "applied": self.applied}
+        if self.why:
+            out["why"] = self.why
+        return out
+
+
+@dataclass(frozen=True)
+class Offer:
+    """The choices a study searches, after hardware, workload and the study file's narrowing."""
+
+    choices: dict[str, list[Any]]
+    unavailable: dict[str, str]  # knob -> why it is not offered here
+    dropped: dict[str, list[str]] = field(default_factory=dict)  # knob -> notes on values dropped
+
+
+@dataclass(frozen=True)
+class Space:
+    framework: str
+    knobs: tuple[Knob, ...]
+
+    @property
+    def names(self) -> list[str]:
+        return [k.name for k in self.knobs]
+
+    def knob(self, name: str) -> Knob:
+        for k in self.knobs:
+            if k.name == name:
+                return k
+        raise KeyError(name)
+
+    def validate_values(self, name: str, values: Sequence[Any]) -> str | None:
+        """Static check of one ``[space]`` or ``[baseline]`` entry; an error text or None."""
+        if name not in self.names:
+            return f"unknown {self.framework} knob {name!r}; allowed: {', '.join(self.names)}"
+        knob = self.knob(name)
+        for value in values:
+            problem = knob.type_error(value)
+            if problem:
+                return f"{name}: {problem}"
+        return None
+
+    def defaults(self, ctx: Context, overrides: Mapping[str, Any] | None = None) -> dict[str, Any]:
+        """The framework defaults (the workload's own batch size), then ``overrides``."""
+        values = {k.name: k.default for k in self.knobs}
+        batch = ctx.get("workload", {}).get("batch_size")
+        if batch:
+            values["batch_size"] = batch
+        values.update(overrides or {})
+        return values
+
+    def offer(self, ctx: Context, narrowing: Mapping[str, Sequence[Any]], baseline: Mapping[str, Any]) -> Offer:
+        """Choice lists for this hardware and workload; the baseline's values are always offered."""
+        choices: dict[str, list[Any]] = {}
+        unavailable: dict[str, str] = {}
+        dropped: dict[str, list[str]] = {}
+        for knob in self.knobs:
+            why = knob.unavailable(ctx)
+            if why:
+                unavailable[knob.name] = why
+                continue
+            wanted = list(narrowing[knob.name]) if knob.name in narrowing else knob.choices(ctx)
+            kept = []
+            for value in wanted:
+                problem = knob.value_unavailable(value, ctx)
+                if problem:
+                    dropped.setdefault(knob.name, []).append(f"{value!r}: {problem}")
+                elif value not in kept:
+                    kept.append(value)
+            base = baseline.get(knob.name, knob.default)
+            if base not in kept and knob.value_unavailable(base, ctx) is None:
+                kept.append(base)
+            if knob.kind in (int, float):
+                kept.sort()
+            choices[knob.name] = kept
+        return Offer(choices, unavailable, dropped)
+
+    def suggest(self, trial: Suggester, offer: Offer) -> dict[str, Any]:
+        """Ask ``trial`` for each offered, active knob, in declaration order."""
+        values: dict[str, Any] = {}
+        for knob in self.knobs:
+            if knob.name not in offer.choices or knob.inactive(values):
+                continue
+            options = offer.choices[knob.name]
+            values[knob.name] = options[0] if len(options) == 1 else trial.suggest_categorical(knob.name, options)
+        return values
+
+    def resolve(self, suggested: Mapping[str, Any], offer: Offer, ctx: Context,
+                baseline: Mapping[str, Any] | None = None) -> dict[str, Resolved]:
+        """Every knob's value for a trial: suggested, or the default with the reason it did not apply."""
+        defaults = self.defaults(ctx, baseline)
+        resolved: dict[str, Resolved] = {}
+        values: dict[str, Any] = {}
+        for knob in self.knobs:
+            if knob.name in offer.unavailable:
+                resolved[knob.name] = Resolved(knob.default, False, offer.unavailable[knob.name])
+                continue
+            value = suggested.get(knob.name, defaults[knob.name])
+            why = knob.inactive(values)
+            if why:
+                resolved[knob.name] = Resolved(knob.default, False, why)
+                continue
+            values[knob.name] = value
+            resolved[knob.name] = Resolved(value, True)
+        return resolved
+
+    def baseline_params(self, offer: Offer, ctx: Context, baseline: Mapping[str, Any]) -> dict[str, Any]:
+        """The baseline as Optuna params (only the offered, active knobs), for enqueue_trial."""
+        defaults = self.defaults(ctx, baseline)
+        params: dict[str, Any] = {}
+        for knob in self.knobs:
+            if knob.name in offer.choices and not knob.inactive(params):
+                params[knob.name] = defaults[knob.name]
+        return {k: v for k, v in params.items() if len(offer.choices[k]) > 1}
+
+    def grid(self, offer: Offer) -> Iterator[dict[str, Any]]:
+        """Every distinct active combination of the offered choices (for exhaustive benchmarks)."""
+        seen: set[tuple[tuple[str, Any], ...]] = set()
+        names = list(offer.choices)
+        for combo in itertools.product(*(offer.choices[n] for n in names)):
+            values: dict[str, Any] = {}
+            for knob in self.knobs:
+                if knob.name in offer.choices and not knob.inactive(values):
+                    values[knob.name] = combo[names.index(knob.name)]
+            key = tuple(sorted(values.items()))
+            if key not in seen:
+                seen.add(key)
+                yield values

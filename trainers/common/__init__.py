@@ -1,0 +1,1 @@
+"""Framework-free pieces shared by every trainer (and by the engine)."""

@@ -1,0 +1,59 @@
+"""The child-process entry point every trainer shares: request JSON in, result JSON out.
+
+``python -m trainers.<framework> COMMAND --request IN.json --result OUT.json``. Exit 0 with a
+result (outcome ok, nan, oom or invalid), exit 2 with ``{"error": ...}`` when the user's
+workload is at fault, anything else (a traceback and exit 1, a signal) is a crash that the
+parent classifies from the exit status and the tail of stderr.
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import math
+import os
+import sys
+from pathlib import Path
+from typing import Any, Callable
+
+from trainers.common.errors import InvalidKnobs, WorkloadError
+
+Handler = Callable[[dict[str, Any]], dict[str, Any]]
+
+
+def _finite(value: Any) -> Any:
+    """JSON has no NaN/Inf: replace them with None, recursively."""
+    if isinstance(value, float) and not math.isfinite(value):
+        return None
+    if isinstance(value, dict):
+        return {k: _finite(v) for k, v in value.items()}
+    if isinstance(value, (list, tuple)):
+        return [_finite(v) for v in value]
+    return value
+
+
+def write_json(path: Path, data: dict[str, Any]) -> None:
+    tmp = path.with_name(path.name + ".tmp")
+    tmp.write_text(json.dumps(_finite(data), allow_nan=False, default=str))
+    os.replace(tmp, path)
+
+
+def main(framework: str, handlers: dict[str, Handler], argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(prog=f"python -m trainers.{framework}")
+    parser.add_argument("command", choices=sorted(handlers))
+    parser.add_argument("--request", type=Path, required=True)
+    parser.add_argument("--result", type=Path, required=True)
+    args = parser.parse_args(argv)
+    request = json.loads(args.request.read_text())
+    # User workloads named "package.module:factory" import from the directory knobtune ran in.
+    workdir = request.get("workdir")
+    if workdir and workdir not in sys.path:
+        sys.path.insert(0, workdir)
+    try:
+        result = handlers[args.command](request)
+        code = 0
+    except WorkloadError as exc:
+        result, code = {"error": str(exc)}, 2
+    except InvalidKnobs as exc:
+        result, code = {"outcome": "invalid", "failure": str(exc)}, 0
+    write_json(args.result, result)
+    return code
