@@ -8,6 +8,7 @@ Choice lists are fixed per study, as Optuna requires.
 from __future__ import annotations
 
 import itertools
+import random
 from dataclasses import dataclass, field
 from typing import Any, Callable, Iterator, Mapping, Protocol, Sequence
 
@@ -75,8 +76,15 @@ class Offer:
 
 @dataclass(frozen=True)
 class Space:
+    """A framework's knobs, in suggestion order (a knob's conditions may read earlier ones).
+
+    ``advice(ctx)`` is the seeds' hand-tuning advice for this hardware, as knob values: the
+    study's second trial, so the search starts from what an expert would try first.
+    """
+
     framework: str
     knobs: tuple[Knob, ...]
+    advice: Callable[[Context], dict[str, Any]] = lambda ctx: {}
 
     @property
     def names(self) -> list[str]:
@@ -163,14 +171,32 @@ class Space:
             resolved[knob.name] = Resolved(value, True)
         return resolved
 
-    def baseline_params(self, offer: Offer, ctx: Context, baseline: Mapping[str, Any]) -> dict[str, Any]:
-        """The baseline as Optuna params (only the offered, active knobs), for enqueue_trial."""
-        defaults = self.defaults(ctx, baseline)
+    def params_for(self, offer: Offer, values: Mapping[str, Any]) -> dict[str, Any]:
+        """``values`` as Optuna params for enqueue_trial: the offered, active, searched knobs only."""
         params: dict[str, Any] = {}
         for knob in self.knobs:
             if knob.name in offer.choices and not knob.inactive(params):
-                params[knob.name] = defaults[knob.name]
+                value = values.get(knob.name, knob.default)
+                if value not in offer.choices[knob.name]:
+                    value = knob.default if knob.default in offer.choices[knob.name] else offer.choices[knob.name][0]
+                params[knob.name] = value
         return {k: v for k, v in params.items() if len(offer.choices[k]) > 1}
+
+    def baseline_params(self, offer: Offer, ctx: Context, baseline: Mapping[str, Any]) -> dict[str, Any]:
+        """The baseline (framework defaults, then the study's [baseline]) as Optuna params."""
+        return self.params_for(offer, self.defaults(ctx, baseline))
+
+    def advice_params(self, offer: Offer, ctx: Context, baseline: Mapping[str, Any]) -> dict[str, Any]:
+        """The seeds' advice applied on top of the baseline, as Optuna params."""
+        return self.params_for(offer, {**self.defaults(ctx, baseline), **self.advice(ctx)})
+
+    def random_params(self, offer: Offer, rng: random.Random) -> dict[str, Any]:
+        """One configuration drawn uniformly, knob by knob (conditions respected), as Optuna params."""
+        values: dict[str, Any] = {}
+        for knob in self.knobs:
+            if knob.name in offer.choices and not knob.inactive(values):
+                values[knob.name] = rng.choice(offer.choices[knob.name])
+        return {k: v for k, v in values.items() if len(offer.choices[k]) > 1}
 
     def grid(self, offer: Offer) -> Iterator[dict[str, Any]]:
         """Every distinct active combination of the offered choices (for exhaustive benchmarks)."""

@@ -30,6 +30,16 @@ def _workers_fit(value: Any, ctx: Context) -> str | None:
     return None if value <= cores else f"more workers than the {cores} cores this process may use"
 
 
+def _thread_choices(ctx: Context) -> list[int]:
+    cores = int(_hw(ctx).get("usable_cores", 1))
+    return sorted({0, 1, cores, *[n for n in (2, 4, 8, 16) if n <= cores]})
+
+
+def _threads_fit(value: Any, ctx: Context) -> str | None:
+    cores = int(_hw(ctx).get("usable_cores", 1))
+    return None if value <= cores else f"more threads than the {cores} cores this process may use"
+
+
 def _needs_workers(values: Mapping[str, Any]) -> str | None:
     return None if values.get("num_workers", 0) > 0 else "needs num_workers > 0"
 
@@ -84,6 +94,11 @@ KNOBS = (
          choices=lambda ctx: [2, 4, 8], inactive=_needs_workers, check=_positive),
     Knob("persistent_workers", bool, False, "keep workers alive between epochs",
          choices=lambda ctx: [False, True], inactive=_needs_workers),
+    # Not in the seeds, but on a small CPU box it decides whether workers help at all: torch's
+    # intra-op threads spin while waiting and take the cores the DataLoader workers need.
+    Knob("intra_op_threads", int, 0, "torch.set_num_threads in the training process (0 = torch's default)",
+         choices=_thread_choices, value_unavailable=_threads_fit,
+         check=lambda v: None if v >= 0 else f"must be >= 0 (0 = torch's default), got {v}"),
     Knob("pin_memory", bool, False, "page-locked host batches for faster host-to-device copies",
          choices=lambda ctx: [False, True], unavailable=_no_cuda),
     Knob("amp", str, "off", "autocast: off, bf16, or fp16 with GradScaler",
@@ -99,4 +114,21 @@ KNOBS = (
          choices=lambda ctx: [False, True], unavailable=_no_cuda),
 )
 
-SPACE = Space("pytorch", KNOBS)
+def advice(ctx: Context) -> dict[str, Any]:
+    """What the seeds tell a PyTorch user to do by hand (../shared/seeds/)."""
+    hw = _hw(ctx)
+    cuda = bool(hw.get("cuda"))
+    return {
+        "num_workers": min(8, int(hw.get("usable_cores", 1))),  # "a few per core, but no more than 8"
+        "persistent_workers": True,
+        "prefetch_factor": 2,
+        "pin_memory": cuda,
+        "amp": "fp16" if cuda else ("bf16" if hw.get("bf16") else "off"),  # AMP with GradScaler on GPU
+        "compile": "default",
+        "channels_last": True,
+        "cudnn_benchmark": True,
+        "cudnn_deterministic": False,
+    }
+
+
+SPACE = Space("pytorch", KNOBS, advice=advice)

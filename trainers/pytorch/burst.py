@@ -45,8 +45,6 @@ def _check(knobs: dict[str, Any], device: torch.device) -> None:
         raise InvalidKnobs("amp='bf16' is not supported by this GPU")
     if knobs["compile"] not in COMPILE_MODES:
         raise InvalidKnobs(f"compile={knobs['compile']!r}: expected one of {', '.join(COMPILE_MODES)}")
-    if knobs["num_workers"] == 0 and (knobs.get("prefetch_factor") or knobs.get("persistent_workers")):
-        raise InvalidKnobs("prefetch_factor and persistent_workers need num_workers > 0")
 
 
 def build_loader(workload: Workload, knobs: dict[str, Any], seed: int) -> DataLoader:
@@ -111,6 +109,9 @@ def run(request: dict[str, Any]) -> dict[str, Any]:
     _check(knobs, device)
     schedule = make_schedule(spec, int(knobs["batch_size"]), int(knobs["accumulation_steps"]))
     _seed(spec.seed)
+    threads = int(knobs.get("intra_op_threads", 0))
+    if threads > 0:
+        torch.set_num_threads(threads)
     if device.type == "cuda":
         torch.backends.cudnn.benchmark = bool(knobs.get("cudnn_benchmark", False))
         torch.backends.cudnn.deterministic = bool(knobs.get("cudnn_deterministic", False))
@@ -202,8 +203,26 @@ def run(request: dict[str, Any]) -> dict[str, Any]:
     finally:
         del iterator  # shuts DataLoader workers down before evaluation
 
+    channels_last_used = channels_last and next(model.parameters()).is_contiguous(memory_format=torch.channels_last)
     result: dict[str, Any] = {
         **record.measurement(),
+        # Every knob as the framework objects report it (read back, not echoed from the request).
+        "knobs_effective": {
+            "batch_size": loader.batch_size,
+            "accumulation_steps": k,
+            "num_workers": loader.num_workers,
+            "prefetch_factor": loader.prefetch_factor,
+            "persistent_workers": loader.persistent_workers,
+            "pin_memory": loader.pin_memory,
+            "intra_op_threads": threads and torch.get_num_threads(),
+            "amp": {None: "off", torch.bfloat16: "bf16", torch.float16: "fp16"}[
+                getattr(autocast, "fast_dtype", None) if amp != "off" else None
+            ],
+            "compile": mode if step_model is not model else "off",
+            "channels_last": channels_last_used,
+            "cudnn_benchmark": torch.backends.cudnn.benchmark,
+            "cudnn_deterministic": torch.backends.cudnn.deterministic,
+        },
         "setup_seconds": setup_seconds,
         "effective_batch_size": schedule.batch_size * k,
         "amp_skipped_steps": int(skipped.item()),
@@ -214,9 +233,7 @@ def run(request: dict[str, Any]) -> dict[str, Any]:
             "grad_scaler": scaler.is_enabled(),
             "compile_mode": mode,
             "compiled": step_model is not model,
-            "channels_last": next(model.parameters()).is_contiguous(memory_format=torch.channels_last)
-            if channels_last
-            else False,
+            "channels_last": channels_last_used,
             "cudnn_benchmark": torch.backends.cudnn.benchmark,
             "cudnn_deterministic": torch.backends.cudnn.deterministic,
             "accumulation_steps": k,

@@ -1,0 +1,56 @@
+"""The ``knobtune`` command. Exit 0 ok, 1 the run failed, 2 bad input or usage."""
+from __future__ import annotations
+
+import argparse
+import logging
+import sys
+import warnings
+
+from search import __version__
+from search.commands import dashboard, env, export, run
+from search.errors import RunError, UserError
+
+
+def parser() -> argparse.ArgumentParser:
+    p = argparse.ArgumentParser(
+        prog="knobtune",
+        description="Find the fastest safe way to train a model on this machine: Optuna studies over "
+                    "the training system's knobs, each trial a real, isolated training burst.",
+    )
+    p.add_argument("--version", action="version", version=f"knobtune {__version__}")
+    sub = p.add_subparsers(dest="command", metavar="COMMAND")
+    for module in (run, export, dashboard, env):
+        module.add(sub)
+    return p
+
+
+def _quiet_optuna() -> None:
+    import optuna
+
+    optuna.logging.set_verbosity(optuna.logging.WARNING)
+    warnings.filterwarnings("ignore", category=optuna.exceptions.ExperimentalWarning)
+    logging.getLogger("sqlalchemy").setLevel(logging.ERROR)
+
+
+def main(argv: list[str] | None = None) -> int:
+    p = parser()
+    args = p.parse_args(argv)
+    if not getattr(args, "func", None):
+        p.print_help(sys.stderr)
+        return 2
+    _quiet_optuna()
+    try:
+        return args.func(args)
+    except UserError as exc:
+        sys.stderr.write(f"knobtune: error: {exc}\n")
+        return 2
+    except RunError as exc:
+        sys.stderr.write(f"knobtune: run failed: {exc}\n")
+        return 1
+    except KeyboardInterrupt:
+        sys.stderr.write("knobtune: interrupted\n")
+        return 130
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,1 @@
+"""One module per CLI command: each has ``add(subparsers)`` and ``main(args) -> exit code``."""

@@ -1,0 +1,48 @@
+"""knobtune run STUDY.toml"""
+from __future__ import annotations
+
+import argparse
+
+from search import definition, study
+from search.errors import UserError
+
+
+def _positive_int(text: str) -> int:
+    try:
+        value = int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected a whole number, got {text!r}") from None
+    if value < 1:
+        raise argparse.ArgumentTypeError(f"expected a number >= 1, got {value}")
+    return value
+
+
+def _positive_float(text: str) -> float:
+    try:
+        value = float(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected a number of seconds, got {text!r}") from None
+    if value <= 0:
+        raise argparse.ArgumentTypeError(f"expected seconds > 0, got {value}")
+    return value
+
+
+def add(subparsers: argparse._SubParsersAction) -> None:
+    p = subparsers.add_parser(
+        "run", help="create or resume a study and run its trials",
+        description="Create the study (or resume it) and run trials until it has --trials finished ones.",
+    )
+    p.add_argument("study_file", metavar="STUDY.toml", help="the study definition (see studies/)")
+    p.add_argument("--trials", type=_positive_int, help="total finished trials wanted (default: [study] trials)")
+    p.add_argument("--timeout", type=_positive_float, metavar="SECONDS",
+                   help="start no new trial after this many seconds")
+    p.add_argument("--storage", metavar="URL", help="Optuna storage URL (default: [study] storage, else sqlite:///knobtune.db)")
+    p.add_argument("--name", help="study name (default: [study] name)")
+    p.set_defaults(func=main)
+
+
+def main(args: argparse.Namespace) -> int:
+    parsed = definition.load(args.study_file)
+    if args.name is not None and not args.name.strip():
+        raise UserError("--name must not be empty")
+    return study.run(parsed, storage_url=args.storage, trials=args.trials, timeout=args.timeout, name=args.name)

@@ -1,0 +1,219 @@
+"""Study files (TOML) parsed into validated dataclasses. Every error names the file and what
+was expected; unknown keys name the allowed ones."""
+from __future__ import annotations
+
+import tomllib
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+from typing import Any, Mapping
+
+from search.errors import UserError
+from spaces import FRAMEWORKS, for_framework
+from trainers.common.builtins import BUILTIN_WORKLOADS
+
+SAMPLERS = ("tpe", "random")
+
+
+@dataclass(frozen=True)
+class StudySection:
+    name: str
+    framework: str
+    workload: str
+    storage: str | None = None
+    trials: int = 20
+    seed: int | None = None
+    sampler: str = "tpe"
+    description: str = ""
+
+
+@dataclass(frozen=True)
+class BurstSection:
+    train_samples: int = 12000
+    warmup_samples: int = 2000
+    windows: int = 5
+    timeout_s: float = 300.0
+
+
+@dataclass(frozen=True)
+class GuardSection:
+    max_accuracy_drop: float = 0.02
+
+
+@dataclass(frozen=True)
+class Definition:
+    study: StudySection
+    burst: BurstSection = field(default_factory=BurstSection)
+    guard: GuardSection = field(default_factory=GuardSection)
+    baseline: dict[str, Any] = field(default_factory=dict)
+    space: dict[str, list[Any]] = field(default_factory=dict)
+    workload: dict[str, Any] = field(default_factory=dict)
+    source: str = "<string>"
+
+    def as_dict(self) -> dict[str, Any]:
+        data = asdict(self)
+        data.pop("source")
+        return data
+
+    def measurement_key(self) -> dict[str, Any]:
+        """What must not change when a study resumes, or its trials would not compare."""
+        data = self.as_dict()
+        burst = dict(data["burst"])
+        burst.pop("timeout_s")
+        return {
+            "framework": self.study.framework,
+            "workload": self.study.workload,
+            "workload_options": data["workload"],
+            "burst": burst,
+            "guard": data["guard"],
+            "baseline": data["baseline"],
+            "space": data["space"],
+        }
+
+
+# section -> key -> (accepted types, a description of what is expected)
+_NUMBER = (int, float)
+_SECTIONS: dict[str, dict[str, tuple[tuple[type, ...], str]]] = {
+    "study": {
+        "name": ((str,), "a string"),
+        "framework": ((str,), f"one of {', '.join(FRAMEWORKS)}"),
+        "workload": ((str,), "a built-in workload name or 'package.module:factory'"),
+        "storage": ((str,), "an SQLAlchemy URL"),
+        "trials": ((int,), "an integer >= 1"),
+        "seed": ((int,), "an integer"),
+        "sampler": ((str,), f"one of {', '.join(SAMPLERS)}"),
+        "description": ((str,), "a string"),
+    },
+    "burst": {
+        "train_samples": ((int,), "an integer >= 1"),
+        "warmup_samples": ((int,), "an integer >= 0, below train_samples"),
+        "windows": ((int,), "an integer >= 1"),
+        "timeout_s": (_NUMBER, "a number of seconds > 0"),
+    },
+    "guard": {"max_accuracy_drop": (_NUMBER, "a number between 0 and 1")},
+}
+_FREE_SECTIONS = ("baseline", "space", "workload")
+_ALL_SECTIONS = (*_SECTIONS, *_FREE_SECTIONS)
+
+
+def _type_name(value: Any) -> str:
+    return {bool: "boolean", int: "integer", float: "float", str: "string", list: "array", dict: "table"}.get(
+        type(value), type(value).__name__
+    )
+
+
+def _section(raw: Mapping[str, Any], name: str, where: str) -> dict[str, Any]:
+    table = raw.get(name, {})
+    if not isinstance(table, dict):
+        raise UserError(f"{where}: [{name}] must be a table, got {_type_name(table)}")
+    allowed = _SECTIONS[name]
+    out: dict[str, Any] = {}
+    for key, value in table.items():
+        if key not in allowed:
+            raise UserError(f"{where}: unknown key {key!r} in [{name}]; allowed: {', '.join(allowed)}")
+        types, expected = allowed[key]
+        if isinstance(value, bool) or not isinstance(value, types):
+            raise UserError(f"{where}: [{name}] {key} must be {expected}, got {_type_name(value)} {value!r}")
+        out[key] = value
+    return out
+
+
+def _check_range(ok: bool, where: str, what: str, expected: str, value: Any) -> None:
+    if not ok:
+        raise UserError(f"{where}: {what} must be {expected}, got {value!r}")
+
+
+def parse(text: str, source: str = "<string>", default_name: str | None = None) -> Definition:
+    """Parse and validate a study file's text."""
+    where = source
+    try:
+        raw = tomllib.loads(text)
+    except tomllib.TOMLDecodeError as exc:
+        raise UserError(f"{where} is not valid TOML: {exc}") from None
+    for section in raw:
+        if section not in _ALL_SECTIONS:
+            raise UserError(f"{where}: unknown section [{section}]; allowed: {', '.join(_ALL_SECTIONS)}")
+
+    study = _section(raw, "study", where)
+    for required in ("framework", "workload"):
+        if required not in study:
+            raise UserError(f"{where}: [study] needs {required!r} ({_SECTIONS['study'][required][1]})")
+    if "name" not in study:
+        if not default_name:
+            raise UserError(f"{where}: [study] needs 'name'")
+        study["name"] = default_name
+    framework = study["framework"]
+    if framework not in FRAMEWORKS:
+        raise UserError(f"{where}: unknown framework {framework!r}; expected one of {', '.join(FRAMEWORKS)}")
+    workload = study["workload"]
+    if workload not in BUILTIN_WORKLOADS[framework] and ":" not in workload:
+        raise UserError(
+            f"{where}: unknown {framework} workload {workload!r}; built-ins: "
+            f"{', '.join(BUILTIN_WORKLOADS[framework])}, or 'package.module:factory' for your own"
+        )
+    if study.get("sampler", "tpe") not in SAMPLERS:
+        raise UserError(f"{where}: [study] sampler must be one of {', '.join(SAMPLERS)}, got {study['sampler']!r}")
+    _check_range(study.get("trials", 1) >= 1, where, "[study] trials", "an integer >= 1", study.get("trials"))
+    if not study["name"].strip():
+        raise UserError(f"{where}: [study] name must not be empty")
+
+    burst = BurstSection(**_section(raw, "burst", where))
+    _check_range(burst.train_samples >= 1, where, "[burst] train_samples", "an integer >= 1", burst.train_samples)
+    _check_range(0 <= burst.warmup_samples < burst.train_samples, where, "[burst] warmup_samples",
+                 f"an integer >= 0 and below train_samples ({burst.train_samples})", burst.warmup_samples)
+    _check_range(burst.windows >= 1, where, "[burst] windows", "an integer >= 1", burst.windows)
+    _check_range(burst.timeout_s > 0, where, "[burst] timeout_s", "a number of seconds > 0", burst.timeout_s)
+    guard = GuardSection(**_section(raw, "guard", where))
+    _check_range(0 <= guard.max_accuracy_drop <= 1, where, "[guard] max_accuracy_drop",
+                 "a number between 0 and 1", guard.max_accuracy_drop)
+
+    space_def = for_framework(framework)
+    baseline = raw.get("baseline", {})
+    space = raw.get("space", {})
+    options = raw.get("workload", {})
+    for name, table in (("baseline", baseline), ("space", space), ("workload", options)):
+        if not isinstance(table, dict):
+            raise UserError(f"{where}: [{name}] must be a table, got {_type_name(table)}")
+    for knob, value in baseline.items():
+        problem = space_def.validate_values(knob, [value])
+        if problem:
+            raise UserError(f"{where}: [baseline] {problem}")
+    for knob, values in space.items():
+        if not isinstance(values, list) or not values:
+            raise UserError(f"{where}: [space] {knob} must be a non-empty array of values, got {values!r}")
+        problem = space_def.validate_values(knob, values)
+        if problem:
+            raise UserError(f"{where}: [space] {problem}")
+
+    return Definition(
+        study=StudySection(**study),
+        burst=burst,
+        guard=guard,
+        baseline=dict(baseline),
+        space={k: list(v) for k, v in space.items()},
+        workload=dict(options),
+        source=source,
+    )
+
+
+def load(path: str | Path) -> Definition:
+    """Read and validate the study file at ``path``."""
+    path = Path(path)
+    try:
+        text = path.read_text()
+    except FileNotFoundError:
+        raise UserError(f"study file {path} does not exist") from None
+    except (OSError, UnicodeDecodeError) as exc:
+        raise UserError(f"cannot read study file {path}: {exc}") from None
+    return parse(text, source=str(path), default_name=path.stem)
+
+
+def from_dict(data: Mapping[str, Any]) -> Definition:
+    """Rebuild a Definition from ``as_dict()`` (as stored in a study's attributes)."""
+    return Definition(
+        study=StudySection(**data["study"]),
+        burst=BurstSection(**data["burst"]),
+        guard=GuardSection(**data["guard"]),
+        baseline=dict(data.get("baseline", {})),
+        space={k: list(v) for k, v in data.get("space", {}).items()},
+        workload=dict(data.get("workload", {})),
+    )

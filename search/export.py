@@ -1,0 +1,59 @@
+"""``knobtune export``: a study's winner in the versioned ``knobtune.best/1`` format."""
+from __future__ import annotations
+
+from datetime import datetime, timezone
+from typing import Any
+
+import optuna
+
+from search import results
+from search.errors import UserError
+
+FORMAT = "knobtune.best/1"
+
+
+def load_existing(storage: Any, name: str) -> optuna.Study:
+    """The study called ``name``, or a UserError that lists the studies this storage has."""
+    try:
+        return optuna.load_study(study_name=name, storage=storage)
+    except KeyError:
+        names = sorted(s.study_name for s in optuna.get_all_study_summaries(storage, include_best_trial=False))
+        listing = f"it has: {', '.join(names)}" if names else "it has no studies"
+        raise UserError(f"no study named {name!r} in this storage ({listing})") from None
+
+
+def best_config(study: optuna.Study) -> dict[str, Any]:
+    """The export document for the fastest feasible trial of ``study``."""
+    best = results.best(study)
+    if best is None:
+        counts = results.outcome_counts(study)
+        detail = ", ".join(f"{n} {k}" for k, n in counts.items()) or "no finished trials"
+        raise UserError(f"study {study.study_name!r} has no feasible trial to export ({detail})")
+    base = results.baseline(study)
+    definition = study.user_attrs.get("definition", {})
+    sps = best.user_attrs["samples_per_second"]
+    base_sps = base.user_attrs.get("samples_per_second") if base else None
+    knobs = best.user_attrs.get("knobs", {})
+    return {
+        "format": FORMAT,
+        "study": study.study_name,
+        "framework": definition.get("study", {}).get("framework"),
+        "workload": definition.get("study", {}).get("workload"),
+        "trial": best.number,
+        "knobs": {name: entry["value"] for name, entry in knobs.items()},
+        "not_applied": {name: entry.get("why", "") for name, entry in knobs.items() if not entry.get("applied")},
+        "metrics": {
+            "samples_per_second": sps,
+            "samples_per_second_cv": best.user_attrs.get("samples_per_second_cv"),
+            "baseline_samples_per_second": base_sps,
+            "speedup": sps / base_sps if base_sps else None,
+            "val_accuracy": best.user_attrs.get("val_accuracy"),
+            "baseline_val_accuracy": base.user_attrs.get("val_accuracy") if base else None,
+            "effective_batch_size": best.user_attrs.get("effective_batch_size"),
+            "warmup_seconds": best.user_attrs.get("warmup_seconds"),
+            "peak_memory_mb": best.user_attrs.get("peak_memory_mb"),
+        },
+        "burst": definition.get("burst"),
+        "fingerprint": study.user_attrs.get("fingerprint", {}),
+        "created": datetime.now(timezone.utc).isoformat(timespec="seconds"),
+    }

@@ -1,0 +1,133 @@
+"""Trial isolation: each burst (and each probe) is a child process in its own process group.
+
+The parent writes the request as JSON, enforces the timeout, kills the whole process group
+(DataLoader workers and tf.data threads included) however the child ends, and classifies the
+outcome: ok, nan, oom, invalid (from the child's result), timeout, crash (non-zero exit or a
+signal, with the tail of its output kept), oom (killed by SIGKILL that knobtune did not send:
+the kernel's OOM killer).
+"""
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import tempfile
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Callable
+
+CHILD_OUTCOMES = ("ok", "nan", "oom", "invalid")
+TAIL_LINES = 15
+TAIL_CHARS = 2000
+
+
+@dataclass
+class ChildResult:
+    outcome: str  # ok | nan | oom | timeout | crash | invalid | error (the user's workload is at fault)
+    data: dict[str, Any] = field(default_factory=dict)
+    failure: str | None = None
+    wall_seconds: float = 0.0
+    returncode: int | None = None
+    pgid: int | None = None
+    output_tail: str = ""
+
+
+def kill_group(pgid: int) -> None:
+    """SIGKILL every process left in the group (no-op when it is already gone)."""
+    try:
+        os.killpg(pgid, signal.SIGKILL)
+    except (ProcessLookupError, PermissionError):
+        pass
+
+
+def _tail(path: Path) -> str:
+    try:
+        lines = path.read_text(errors="replace").strip().splitlines()
+    except OSError:
+        return ""
+    return "\n".join(lines[-TAIL_LINES:])[-TAIL_CHARS:]
+
+
+def _signal_name(number: int) -> str:
+    try:
+        return signal.Signals(number).name
+    except ValueError:
+        return f"signal {number}"
+
+
+def classify(returncode: int | None, timed_out: bool, data: dict[str, Any] | None, tail: str,
+             timeout_s: float) -> tuple[str, str | None]:
+    """Outcome and failure text of a finished child."""
+    if timed_out:
+        return "timeout", f"no result within timeout_s={timeout_s:g} s; its process group was killed"
+    if returncode == 0 and data and data.get("outcome") in CHILD_OUTCOMES:
+        return data["outcome"], data.get("failure")
+    if returncode == 2 and data and "error" in data:
+        return "error", str(data["error"])
+    if returncode is not None and returncode < 0:
+        sig = -returncode
+        if sig == signal.SIGKILL:
+            return "oom", "killed by SIGKILL that knobtune did not send (most likely the kernel's out-of-memory killer)"
+        return "crash", f"killed by {_signal_name(sig)}" + (f"; last output:\n{tail}" if tail else "")
+    reason = f"exited with status {returncode}" if returncode else "exited without a result"
+    return "crash", reason + (f"; last output:\n{tail}" if tail else "")
+
+
+def run_child(
+    framework: str,
+    command: str,
+    request: dict[str, Any],
+    timeout_s: float,
+    tick: Callable[[float], None] | None = None,
+    poll_s: float = 0.25,
+) -> ChildResult:
+    """Run ``python -m trainers.<framework> <command>`` on ``request`` and classify the result.
+
+    ``tick(elapsed_seconds)`` is called while waiting (for progress display). On
+    KeyboardInterrupt the child's group is killed before the interrupt propagates.
+    """
+    with tempfile.TemporaryDirectory(prefix="knobtune-trial-") as tmp:
+        tmp_path = Path(tmp)
+        request_path, result_path, log_path = tmp_path / "request.json", tmp_path / "result.json", tmp_path / "output.log"
+        request_path.write_text(json.dumps(request))
+        env = {**os.environ, "PYTHONUNBUFFERED": "1"}
+        cmd = [sys.executable, "-m", f"trainers.{framework}", command,
+               "--request", str(request_path), "--result", str(result_path)]
+        start = time.monotonic()
+        with open(log_path, "wb") as log:
+            proc = subprocess.Popen(cmd, stdin=subprocess.DEVNULL, stdout=log, stderr=subprocess.STDOUT,
+                                    start_new_session=True, env=env)
+        timed_out = False
+        try:
+            while True:
+                try:
+                    proc.wait(timeout=poll_s)
+                    break
+                except subprocess.TimeoutExpired:
+                    elapsed = time.monotonic() - start
+                    if elapsed > timeout_s:
+                        timed_out = True
+                        kill_group(proc.pid)
+                        proc.wait()
+                        break
+                    if tick:
+                        tick(elapsed)
+        except BaseException:
+            kill_group(proc.pid)
+            proc.wait()
+            raise
+        finally:
+            kill_group(proc.pid)  # whatever the child left behind (workers) goes with it
+        wall = time.monotonic() - start
+        data: dict[str, Any] = {}
+        if result_path.exists():
+            try:
+                data = json.loads(result_path.read_text())
+            except json.JSONDecodeError:
+                data = {}
+        tail = _tail(log_path)
+        outcome, failure = classify(proc.returncode, timed_out, data, tail, timeout_s)
+        return ChildResult(outcome, data, failure, wall, proc.returncode, proc.pid, tail)

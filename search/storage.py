@@ -1,0 +1,90 @@
+"""Storage URLs: resolve, redact, open. SQLite is the embedded default (one writer); the
+engine waits on a locked database and uses a WAL journal so the dashboard can read a live study.
+"""
+from __future__ import annotations
+
+import os
+import re
+import sqlite3
+from pathlib import Path
+
+from search.errors import UserError
+
+DEFAULT_URL = "sqlite:///knobtune.db"
+SQLITE_TIMEOUT_S = 60
+_DRIVER_HINTS = {
+    "postgresql": "pip install 'psycopg[binary]'",
+    "mysql": "pip install pymysql (and use mysql+pymysql://)",
+}
+
+
+def resolve_url(cli: str | None = None, study_file: str | None = None) -> str:
+    """--storage, else $KNOBTUNE_STORAGE, else the study file's [study] storage, else the default."""
+    return cli or os.environ.get("KNOBTUNE_STORAGE") or study_file or DEFAULT_URL
+
+
+def redact(url: str) -> str:
+    """The URL with any password replaced by ***, even when the URL does not parse."""
+    return re.sub(r"(://[^:/@]*:)[^@]*@", r"\1***@", url)
+
+
+def _scrub(text: str, url: str) -> str:
+    match = re.search(r"://[^:/@]*:([^@]*)@", url)
+    if match and match.group(1):
+        text = text.replace(match.group(1), "***")
+    return text.replace(url, redact(url))
+
+
+def is_sqlite(url: str) -> bool:
+    return url.startswith("sqlite")
+
+
+def _prepare_sqlite(url: str) -> None:
+    from sqlalchemy.engine import make_url
+
+    database = make_url(url).database
+    if not database or database == ":memory:":
+        raise UserError(f"storage {url}: an in-memory SQLite database cannot hold a study; name a file")
+    path = Path(database)
+    if not path.parent.exists():
+        hint = "" if path.is_absolute() else " (the path is relative to the current directory; sqlite:////abs/path is absolute)"
+        raise UserError(f"storage {url}: directory {path.parent} does not exist{hint}")
+    try:
+        with sqlite3.connect(path, timeout=SQLITE_TIMEOUT_S) as conn:
+            conn.execute("PRAGMA journal_mode=WAL")  # persists in the file; readers no longer block the writer
+    except sqlite3.DatabaseError as exc:
+        raise UserError(f"storage {url}: {path} is not a usable SQLite database ({exc})") from None
+
+
+def open_storage(url: str):
+    """An Optuna RDBStorage for ``url``; raises UserError (password redacted) when it cannot."""
+    import optuna
+    from sqlalchemy.engine import make_url
+    from sqlalchemy.exc import ArgumentError, SQLAlchemyError
+
+    try:
+        parsed = make_url(url)
+    except ArgumentError:
+        raise UserError(
+            f"storage URL {redact(url)!r} is malformed: expected an SQLAlchemy URL such as "
+            f"sqlite:///knobtune.db or postgresql://user:password@host/dbname"
+        ) from None
+    engine_kwargs: dict[str, object]
+    if is_sqlite(url):
+        _prepare_sqlite(url)
+        engine_kwargs = {"connect_args": {"timeout": SQLITE_TIMEOUT_S}}
+    else:
+        engine_kwargs = {"pool_pre_ping": True}
+        if parsed.get_backend_name() in ("postgresql", "mysql"):
+            engine_kwargs["connect_args"] = {"connect_timeout": 10}
+    try:
+        return optuna.storages.RDBStorage(url, engine_kwargs=engine_kwargs)
+    except ImportError as exc:  # Optuna wraps the driver's ModuleNotFoundError
+        missing = getattr(exc.__cause__, "name", None) or getattr(exc, "name", None) or "?"
+        hint = _DRIVER_HINTS.get(parsed.get_backend_name(), "install its SQLAlchemy driver")
+        raise UserError(f"storage {redact(url)}: its driver module {missing!r} is not installed ({hint})") from None
+    except (SQLAlchemyError, OSError, ValueError) as exc:
+        reason = str(getattr(exc, "orig", None) or exc).strip().splitlines()
+        raise UserError(
+            f"cannot open storage {redact(url)}: {_scrub(reason[0] if reason else type(exc).__name__, url)}"
+        ) from None

@@ -1,0 +1,230 @@
+"""Create or resume a study and run its trials, one at a time, in isolated children."""
+from __future__ import annotations
+
+import os
+import random
+import sys
+import time
+from typing import Any, TextIO
+
+import optuna
+from optuna.trial import TrialState
+
+from search import __version__, results
+from search.definition import Definition
+from search.errors import RunError, UserError
+from search.objective import Plan, duplicate_of, measure, suggest, tell
+from search.probe import probe
+from search.progress import Progress
+from search.storage import is_sqlite, open_storage, redact, resolve_url
+from search.summary import study_summary, trial_line
+from spaces import for_framework
+
+# The fingerprint keys that must match for a resumed study's numbers to compare.
+RANDOM_TRIES = 2000
+HARDWARE_KEYS = ("cpu_model", "usable_cores", "gpus", "torch", "tensorflow", "cuda_version")
+
+
+def make_sampler(definition: Definition, total_trials: int) -> optuna.samplers.BaseSampler:
+    seed = definition.study.seed
+    if definition.study.sampler == "random":
+        return optuna.samplers.RandomSampler(seed=seed)
+    return optuna.samplers.TPESampler(
+        seed=seed,
+        multivariate=True,
+        group=True,  # conditional knobs (prefetch_factor only with workers) form their own groups
+        n_startup_trials=max(3, min(10, total_trials // 3)),
+    )
+
+
+def _hardware(fingerprint: dict[str, Any]) -> dict[str, Any]:
+    return {k: fingerprint.get(k) for k in HARDWARE_KEYS if k in fingerprint}
+
+
+def _differences(old: dict[str, Any], new: dict[str, Any], prefix: str = "") -> list[str]:
+    diffs = []
+    for key in sorted(set(old) | set(new)):
+        a, b = old.get(key), new.get(key)
+        if isinstance(a, dict) and isinstance(b, dict):
+            diffs += _differences(a, b, f"{prefix}{key}.")
+        elif a != b:
+            diffs.append(f"{prefix}{key}: {a!r} -> {b!r}")
+    return diffs
+
+
+def load_or_create(storage: Any, name: str, definition: Definition, fingerprint: dict[str, Any],
+                   sampler: optuna.samplers.BaseSampler) -> tuple[optuna.Study, bool]:
+    """The study called ``name``; an existing one must have the same definition and hardware."""
+    try:
+        study = optuna.load_study(study_name=name, storage=storage, sampler=sampler)
+    except KeyError:
+        study = optuna.create_study(study_name=name, storage=storage, sampler=sampler, direction="maximize")
+        study.set_user_attr("definition", definition.as_dict())
+        study.set_user_attr("measurement", definition.measurement_key())
+        study.set_user_attr("fingerprint", fingerprint)
+        study.set_user_attr("knobtune_version", __version__)
+        return study, True
+    attrs = study.user_attrs
+    if "measurement" not in attrs:
+        raise UserError(f"study {name!r} exists in this storage but was not made by knobtune; pick another --name")
+    diffs = _differences(attrs["measurement"], definition.measurement_key())
+    if diffs:
+        raise UserError(
+            f"study {name!r} exists with a different definition ({'; '.join(diffs[:3])}); its trials would not "
+            f"compare with new ones: use --name for a new study"
+        )
+    diffs = _differences(_hardware(attrs.get("fingerprint", {})), _hardware(fingerprint))
+    if diffs:
+        raise UserError(
+            f"study {name!r} was measured on different hardware or software ({'; '.join(diffs[:3])}); "
+            f"use --name for a new study on this machine"
+        )
+    return study, False
+
+
+def _fail_stale(study: optuna.Study) -> int:
+    """Trials left RUNNING by a run that died (SQLite has one writer, so none is live)."""
+    stale = study.get_trials(deepcopy=False, states=[TrialState.RUNNING])
+    for trial in stale:
+        study._storage.set_trial_user_attr(trial._trial_id, "failure", "interrupted: its run ended without finishing it")
+        study._storage.set_trial_state_values(trial._trial_id, TrialState.FAIL)
+    return len(stale)
+
+
+def _enqueue_start(study: optuna.Study, plan: Plan, created: bool) -> None:
+    """The baseline first (again, if no ok baseline exists), then, in a new study, the seeds' advice."""
+    waiting = study.get_trials(deepcopy=False, states=[TrialState.WAITING])
+    base = results.baseline(study)
+    if (base is None or base.user_attrs.get("outcome") != "ok") and not any(
+        t.user_attrs.get("is_baseline") for t in waiting
+    ):
+        params = plan.space.baseline_params(plan.offer, plan.ctx, plan.definition.baseline)
+        study.enqueue_trial(params, user_attrs={"is_baseline": True, "source": "baseline"})
+        if created:
+            advice = plan.space.advice_params(plan.offer, plan.ctx, plan.definition.baseline)
+            if advice != params:
+                study.enqueue_trial(advice, user_attrs={"source": "advice"})
+
+
+def _unmeasured(study: optuna.Study, plan: Plan, rng: random.Random) -> dict[str, Any] | None:
+    """Params of a random configuration no finished trial has measured (None if none is found)."""
+    seen = [t.params for t in results.finished(study)]
+    for _ in range(RANDOM_TRIES):
+        params = plan.space.random_params(plan.offer, rng)
+        if params not in seen:
+            return params
+    return None
+
+
+def _notes(plan: Plan, err: TextIO) -> None:
+    for knob, notes in plan.offer.dropped.items():
+        for note in notes:
+            err.write(f"note: [space] {knob} {note}; not searched here\n")
+    for knob, value in plan.definition.baseline.items():
+        if knob in plan.offer.unavailable:
+            err.write(f"note: [baseline] {knob}={value!r} does not apply here ({plan.offer.unavailable[knob]})\n")
+        elif value not in plan.offer.choices.get(knob, [value]):
+            err.write(f"note: [baseline] {knob}={value!r} cannot run here; the baseline uses the default\n")
+    for knob, values in plan.offer.choices.items():
+        if not values:
+            raise UserError(f"[space] {knob}: none of its values can run on this machine")
+
+
+def run(definition: Definition, storage_url: str | None = None, trials: int | None = None,
+        timeout: float | None = None, name: str | None = None, out: TextIO = sys.stdout,
+        err: TextIO = sys.stderr) -> int:
+    """``knobtune run``: create or resume the study and run it to ``trials`` finished trials."""
+    study_cfg = definition.study
+    name = name or study_cfg.name
+    target = trials if trials is not None else study_cfg.trials
+    if target < 1:
+        raise UserError(f"--trials must be >= 1, got {target}")
+    url = resolve_url(storage_url, study_cfg.storage)
+    storage = open_storage(url)
+    err.write(f"knobtune: probing {study_cfg.framework} and workload {study_cfg.workload!r} ...\n")
+    info = probe(study_cfg.framework, study_cfg.workload, definition.workload)
+    fingerprint = info["fingerprint"]
+    ctx = {"hardware": fingerprint["hardware"], "workload": info["workload"]}
+    space = for_framework(study_cfg.framework)
+    plan = Plan(definition, space, space.offer(ctx, definition.space, definition.baseline), ctx, os.getcwd())
+    _notes(plan, err)
+
+    study, created = load_or_create(storage, name, definition, fingerprint, make_sampler(definition, target))
+    if not created and is_sqlite(url):
+        stale = _fail_stale(study)
+        if stale:
+            err.write(f"note: marked {stale} trial(s) left running by an earlier run as failed\n")
+    _enqueue_start(study, plan, created)
+    done = len(results.finished(study))
+    wl = info["workload"]
+    err.write(
+        f"knobtune: study {name!r} on {redact(url)} ({'new' if created else f'resuming, {done} trials done'}); "
+        f"{wl['name']}: {wl['parameters']:,} parameters, {wl['train_samples']} training samples; "
+        f"{fingerprint['hardware']['device']}, {fingerprint['hardware']['usable_cores']} usable cores\n"
+    )
+    progress = Progress(target, min(done, target), err)
+    best = results.best(study)
+    if best:
+        progress.set_best(best.user_attrs["samples_per_second"], best.number)
+    started = time.monotonic()
+    trial = None
+    rng = random.Random(study_cfg.seed)
+    try:
+        while len(results.finished(study)) < target:
+            if timeout is not None and time.monotonic() - started > timeout:
+                err.write(f"knobtune: --timeout {timeout:g} s reached; stopping before the next trial\n")
+                break
+            trial = study.ask()
+            is_baseline = bool(trial.user_attrs.get("is_baseline"))
+            resolved = suggest(plan, trial)
+            twin = None if is_baseline else duplicate_of(study, trial)
+            if twin is not None:
+                # TPE converges on its favourite configuration; measuring it again teaches nothing.
+                # Skip it (uncounted) and explore an unmeasured configuration next.
+                trial.set_user_attr("duplicate_of", twin)
+                trial.set_user_attr("failure", f"skipped: same knobs as trial #{twin}")
+                study.tell(trial, state=TrialState.FAIL)
+                trial = None
+                fresh = _unmeasured(study, plan, rng)
+                if fresh is None:
+                    err.write("knobtune: every configuration of the space has been measured; stopping\n")
+                    break
+                study.enqueue_trial(fresh, user_attrs={"source": "explore"})
+                continue
+            if not is_baseline:
+                trial.set_user_attr("is_baseline", False)
+            if "source" not in trial.user_attrs:
+                trial.set_user_attr("source", study_cfg.sampler)
+            progress.started(trial.number)
+            report = measure(plan, resolved, is_baseline, tick=progress.tick)
+            base = results.baseline(study)
+            base_ok = base is not None and base.user_attrs.get("outcome") == "ok"
+            base_acc = base.user_attrs.get("val_accuracy") if base_ok and not is_baseline else None
+            if not is_baseline and not base_ok:
+                raise RunError("no successful baseline trial to compare with; run again to re-measure it")
+            tell(study, trial, report, base_acc, definition.guard.max_accuracy_drop)
+            finished_trial = study.trials[trial.number]
+            trial = None
+            best = results.best(study)
+            if best:
+                progress.set_best(best.user_attrs["samples_per_second"], best.number)
+            base = results.baseline(study)
+            base_knobs = results.knob_values(base) if base else None
+            progress.finished(trial_line(finished_trial.number, finished_trial.user_attrs, progress.best, base_knobs))
+            if is_baseline and report.outcome != "ok":
+                raise RunError(
+                    f"the baseline trial #{finished_trial.number} did not succeed ({report.outcome}: "
+                    f"{(report.attrs.get('failure') or '').splitlines()[0] if report.attrs.get('failure') else ''}); "
+                    f"every other trial is judged against it, so the study stops here"
+                )
+    except KeyboardInterrupt:
+        progress.close()
+        if trial is not None:
+            trial.set_user_attr("failure", "interrupted by the user (Ctrl-C)")
+            study.tell(trial, state=TrialState.FAIL)
+        kept = len(results.finished(study))
+        err.write(f"\nknobtune: interrupted; {kept} finished trials are kept. Run the same command to resume.\n")
+        return 130
+    progress.close()
+    out.write(study_summary(study, url) + "\n")
+    return 0

@@ -1,0 +1,11 @@
+"""Names of the built-in workloads per framework (framework-free, so the engine can check a
+study file without importing a framework). tests/ check these against each trainer's registry."""
+from __future__ import annotations
+
+BUILTIN_WORKLOADS: dict[str, tuple[str, ...]] = {
+    "pytorch": ("digits-cnn", "digits-mlp", "mnist-mlp"),
+    "tensorflow": ("digits-cnn", "digits-mlp", "mnist-mlp"),
+}
+
+# The Python module each framework's trainer needs (checked with importlib.util.find_spec).
+FRAMEWORK_MODULES: dict[str, str] = {"pytorch": "torch", "tensorflow": "tensorflow"}
