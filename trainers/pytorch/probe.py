@@ -26,7 +26,7 @@ def describe(request: dict[str, Any]) -> dict[str, Any]:
 
 
 def run(request: dict[str, Any]) -> dict[str, Any]:
-    result: dict[str, Any] = {"fingerprint": env.fingerprint()}
+    result: dict[str, Any] = {"outcome": "ok", "fingerprint": env.fingerprint()}
     if request.get("workload"):
         result["workload"] = describe(request)
     return result

@@ -1,0 +1,67 @@
+"""Shared helpers: the data cache, running the real CLI, writing study files."""
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+import textwrap
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parent.parent
+WORKLOADS = Path(__file__).resolve().parent / "workloads"
+
+
+def _torch_cuda() -> bool:
+    try:
+        import torch
+    except ImportError:
+        return False
+    return torch.cuda.is_available()
+
+
+def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
+    if _torch_cuda():
+        return
+    skip = pytest.mark.skip(reason="needs a CUDA device")
+    for item in items:
+        if "cuda" in item.keywords:
+            item.add_marker(skip)
+
+
+@pytest.fixture(scope="session", autouse=True)
+def data_cache(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """One data cache for the session (the digits PNGs are written once), seen by every child."""
+    cache = tmp_path_factory.mktemp("cache")
+    os.environ["KNOBTUNE_CACHE_DIR"] = str(cache)
+    os.environ["PYTHONPATH"] = os.pathsep.join(filter(None, [str(WORKLOADS), os.environ.get("PYTHONPATH")]))
+    os.environ.pop("KNOBTUNE_STORAGE", None)
+    if str(WORKLOADS) not in sys.path:
+        sys.path.insert(0, str(WORKLOADS))
+    return cache
+
+
+def knobtune(*args: str, cwd: Path, timeout: float = 600, check: int | None = None) -> subprocess.CompletedProcess:
+    """Run the real ``knobtune`` CLI in a fresh process."""
+    proc = subprocess.run(
+        [sys.executable, "-m", "search.cli", *args], cwd=cwd, capture_output=True, text=True, timeout=timeout
+    )
+    if check is not None:
+        assert proc.returncode == check, f"exit {proc.returncode}\nstdout:\n{proc.stdout}\nstderr:\n{proc.stderr}"
+    return proc
+
+
+def study_file(directory: Path, body: str, name: str = "study.toml") -> Path:
+    path = directory / name
+    path.write_text(textwrap.dedent(body))
+    return path
+
+
+TINY_BURST = """
+[burst]
+train_samples = 640
+warmup_samples = 64
+windows = 3
+timeout_s = 120
+"""

@@ -1,0 +1,37 @@
+"""On this machine: GPU-only paths are gated off, and say why, before any CUDA code runs."""
+from __future__ import annotations
+
+import pytest
+
+from search.runner import run_child
+
+
+def _cuda() -> bool:
+    import torch
+
+    return torch.cuda.is_available()
+
+
+@pytest.mark.skipif(_cuda(), reason="checks the CPU-only gating")
+def test_probe_on_cpu_offers_no_cuda_knobs():
+    child = run_child("pytorch", "probe", {"workload": "digits-cnn"}, 120)
+    assert child.outcome != "crash", child.failure
+    hw = child.data["fingerprint"]["hardware"]
+    assert hw == {**hw, "device": "cpu", "cuda": False, "fp16": False}
+    assert child.data["workload"]["conv"] is True and child.data["workload"]["parameters"] > 100_000
+    from spaces import for_framework
+
+    offer = for_framework("pytorch").offer({"hardware": hw, "workload": child.data["workload"]}, {}, {})
+    assert set(offer.unavailable) == {"pin_memory", "cudnn_benchmark", "cudnn_deterministic"}
+    assert "fp16" not in offer.choices["amp"] and "channels_last" in offer.choices
+
+
+@pytest.mark.skipif(_cuda(), reason="checks the CPU-only gating")
+def test_cuda_only_values_are_refused_by_the_child_on_cpu():
+    from spaces import for_framework
+
+    ctx = {"hardware": {"cuda": False, "bf16": True, "usable_cores": 2}, "workload": {"batch_size": 32}}
+    knobs = {**for_framework("pytorch").defaults(ctx), "amp": "fp16"}
+    child = run_child("pytorch", "burst", {"workload": "kt_test_workloads:tiny", "knobs": knobs,
+                                           "burst": {"train_samples": 640, "warmup_samples": 64, "windows": 3}}, 120)
+    assert child.outcome == "invalid" and "needs CUDA" in child.failure

@@ -1,0 +1,78 @@
+"""The measurement protocol's framework-free half: schedule, timing windows, guard stop."""
+from __future__ import annotations
+
+import pytest
+
+from trainers.common.errors import InvalidKnobs
+from trainers.common.protocol import BurstSpec, GuardReading, drive, make_schedule
+
+
+@pytest.mark.parametrize("batch, accum", [(32, 1), (64, 1), (64, 2), (100, 4), (512, 1), (7, 3)])
+def test_schedule_covers_the_samples_in_equal_aligned_windows(batch: int, accum: int):
+    spec = BurstSpec(train_samples=12000, warmup_samples=2000, windows=5)
+    s = make_schedule(spec, batch, accum)
+    assert s.total_steps * batch >= spec.train_samples > (s.total_steps - 1) * batch
+    assert s.warmup_steps * batch >= spec.warmup_samples
+    assert s.warmup_steps % accum == 0  # warm-up ends on an optimizer step
+    lengths = [b - a for a, b in zip(s.boundaries, s.boundaries[1:])]
+    assert len(lengths) == 5 and s.window_ends[-1] == s.total_steps
+    assert len(set(lengths[:-1])) == 1 and lengths[-1] >= lengths[0]
+    if lengths[0] >= accum:
+        assert all(length % accum == 0 for length in lengths[:-1])
+
+
+def test_burst_too_short_is_invalid():
+    with pytest.raises(InvalidKnobs, match="burst too short"):
+        make_schedule(BurstSpec(train_samples=1000, warmup_samples=500, windows=5), 256)
+
+
+class FakeClock:
+    def __init__(self) -> None:
+        self.now = 0.0
+
+    def __call__(self) -> float:
+        return self.now
+
+
+def test_drive_times_windows_and_takes_the_median():
+    clock = FakeClock()
+    spec = BurstSpec(train_samples=1000, warmup_samples=200, windows=4)
+    schedule = make_schedule(spec, 100)  # 10 steps: 2 warm-up, 4 windows of 2
+    costs = iter([5.0, 5.0] + [1.0, 1.0] + [2.0, 2.0] + [1.0, 1.0] + [1.0, 3.0])
+
+    def step(i: int) -> int:
+        clock.now += next(costs)
+        return 100
+
+    checkpoints = []
+
+    def checkpoint() -> GuardReading:
+        checkpoints.append(clock.now)
+        return GuardReading(True, None, 0.5)
+
+    record = drive(schedule, step, checkpoint, clock=clock)
+    m = record.measurement()
+    assert len(checkpoints) == 5  # warm-up end + 4 windows: the only syncs
+    assert m["warmup_seconds"] == 10.0
+    assert m["window_rates"] == [100.0, 50.0, 100.0, 50.0]
+    assert m["samples_per_second"] == 75.0
+    assert m["samples_per_second_cv"] == pytest.approx(1 / 3)
+    assert m["trained_samples"] == 1000 and m["final_loss"] == 0.5
+
+
+def test_drive_stops_at_the_boundary_after_a_non_finite_loss():
+    schedule = make_schedule(BurstSpec(train_samples=1000, warmup_samples=200, windows=4), 100)
+    state = {"bad": None}
+
+    def step(i: int) -> int:
+        if i == 5 and state["bad"] is None:
+            state["bad"] = i
+        return 100
+
+    def checkpoint() -> GuardReading:
+        return GuardReading(state["bad"] is None, state["bad"], 0.1)
+
+    record = drive(schedule, step, checkpoint)
+    assert record.nan_step == 5
+    assert record.steps_done == 6  # the window holding step 5 ends at step 6; nothing after
+    assert record.measurement()["nan_step"] == 5

@@ -1,0 +1,98 @@
+"""Test workloads: tiny real digits data, and faults injected on purpose.
+
+The tests put this folder on PYTHONPATH and name these as "kt_test_workloads:<factory>".
+"""
+from __future__ import annotations
+
+import os
+import time
+
+import torch
+from torch import nn
+from torch.utils.data import Dataset
+
+from trainers.common import digits
+from trainers.pytorch import Workload
+from trainers.pytorch.data import PngDigits
+from trainers.pytorch.models import mlp
+
+
+def tiny(train: int = 320, val: int = 160, batch_size: int = 32) -> Workload:
+    """The digits MLP on a slice of the real PNG files."""
+    files = digits.prepare()
+    return Workload(
+        build_model=mlp,
+        train_dataset=PngDigits(files.train[:train], augment=True),
+        eval_dataset=PngDigits(files.val[:val], augment=False),
+        batch_size=batch_size,
+    )
+
+
+class _Diverging(nn.Module):
+    """Finite until a batch of ``bad_batch`` samples arrives (or after ``after`` calls): then inf."""
+
+    def __init__(self, bad_batch: int | None, after: int | None) -> None:
+        super().__init__()
+        self.net = mlp()
+        self.bad_batch, self.after, self.calls = bad_batch, after, 0
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        self.calls += 1
+        out = self.net(x)
+        if (self.bad_batch is not None and x.shape[0] == self.bad_batch) or (
+            self.after is not None and self.calls > self.after
+        ):
+            out = out * float("inf")
+        return out
+
+
+def diverge(bad_batch: int | None = None, after: int | None = None) -> Workload:
+    """Loss turns non-finite for one batch size, or after ``after`` steps."""
+    base = tiny()
+    base.build_model = lambda: _Diverging(bad_batch, after)
+    return base
+
+
+class _Aborting(nn.Module):
+    def __init__(self, batch: int | None) -> None:
+        super().__init__()
+        self.net, self.batch = mlp(), batch
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        if self.batch is None or x.shape[0] == self.batch:
+            os.abort()
+        return self.net(x)
+
+
+def abort(batch: int | None = None) -> Workload:
+    """The process aborts (SIGABRT) in forward, for every batch or for one batch size."""
+    base = tiny()
+    base.build_model = lambda: _Aborting(batch)
+    return base
+
+
+class _Sleepy(Dataset):
+    def __init__(self, inner: Dataset, seconds: float) -> None:
+        self.inner, self.seconds = inner, seconds
+
+    def __len__(self) -> int:
+        return len(self.inner)  # type: ignore[arg-type]
+
+    def __getitem__(self, index: int):
+        time.sleep(self.seconds)
+        return self.inner[index]
+
+
+def sleepy(seconds: float = 30.0) -> Workload:
+    """Every training sample takes ``seconds`` to load: runs past any short timeout."""
+    base = tiny()
+    base.train_dataset = _Sleepy(base.train_dataset, seconds)
+    return base
+
+
+def not_a_workload() -> int:
+    return 42
+
+
+def needs_option(size: int) -> Workload:
+    return tiny(train=size)
