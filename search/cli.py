@@ -3,6 +3,7 @@ from __future__ import annotations
 
 import argparse
 import logging
+import signal
 import sys
 import warnings
 
@@ -32,6 +33,17 @@ def _quiet_optuna() -> None:
     logging.getLogger("sqlalchemy").setLevel(logging.ERROR)
 
 
+def _interrupt_on_termination() -> None:
+    """SIGTERM and SIGHUP clean up like Ctrl-C: the running trial's process group is killed and
+    finished trials are kept (trial children run in their own session, so they would not get them)."""
+
+    def handler(signum: int, frame: object) -> None:
+        raise KeyboardInterrupt
+
+    for sig in (signal.SIGTERM, signal.SIGHUP):
+        signal.signal(sig, handler)
+
+
 def main(argv: list[str] | None = None) -> int:
     p = parser()
     args = p.parse_args(argv)
@@ -39,6 +51,7 @@ def main(argv: list[str] | None = None) -> int:
         p.print_help(sys.stderr)
         return 2
     _quiet_optuna()
+    _interrupt_on_termination()
     try:
         return args.func(args)
     except UserError as exc:

@@ -43,6 +43,17 @@ def kill_group(pgid: int) -> None:
         pass
 
 
+def _die_with_parent() -> None:
+    """In the child, before exec: get SIGKILL if the knobtune process dies (Linux), so a killed
+    run leaves no trial running on; DataLoader workers already exit when their parent goes."""
+    try:
+        import ctypes
+
+        ctypes.CDLL("libc.so.6", use_errno=True).prctl(1, signal.SIGKILL)  # PR_SET_PDEATHSIG
+    except (OSError, AttributeError):
+        pass
+
+
 def _tail(path: Path) -> str:
     try:
         lines = path.read_text(errors="replace").strip().splitlines()
@@ -99,7 +110,8 @@ def run_child(
         start = time.monotonic()
         with open(log_path, "wb") as log:
             proc = subprocess.Popen(cmd, stdin=subprocess.DEVNULL, stdout=log, stderr=subprocess.STDOUT,
-                                    start_new_session=True, env=env)
+                                    start_new_session=True, env=env,
+                                    preexec_fn=_die_with_parent if sys.platform == "linux" else None)
         timed_out = False
         try:
             while True:

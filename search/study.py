@@ -220,8 +220,11 @@ def run(definition: Definition, storage_url: str | None = None, trials: int | No
     except KeyboardInterrupt:
         progress.close()
         if trial is not None:
-            trial.set_user_attr("failure", "interrupted by the user (Ctrl-C)")
-            study.tell(trial, state=TrialState.FAIL)
+            try:
+                trial.set_user_attr("failure", "interrupted by the user (Ctrl-C)")
+                study.tell(trial, state=TrialState.FAIL)
+            except (RuntimeError, ValueError):  # the interrupt came after the trial was told
+                pass
         kept = len(results.finished(study))
         err.write(f"\nknobtune: interrupted; {kept} finished trials are kept. Run the same command to resume.\n")
         return 130

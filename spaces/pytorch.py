@@ -115,11 +115,15 @@ KNOBS = (
 )
 
 def advice(ctx: Context) -> dict[str, Any]:
-    """What the seeds tell a PyTorch user to do by hand (../shared/seeds/)."""
+    """What the seeds tell a PyTorch user to do by hand (shared/seeds/), for this hardware."""
     hw = _hw(ctx)
     cuda = bool(hw.get("cuda"))
+    cores = int(hw.get("usable_cores", 1))
+    workers = min(8, cores)  # "a few per core, but no more than 8"
     return {
-        "num_workers": min(8, int(hw.get("usable_cores", 1))),  # "a few per core, but no more than 8"
+        "num_workers": workers,
+        # knobtune's own addition: on a CPU-only box the workers and torch's threads share the cores
+        "intra_op_threads": 0 if cuda else max(1, cores - workers),
         "persistent_workers": True,
         "prefetch_factor": 2,
         "pin_memory": cuda,

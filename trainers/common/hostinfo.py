@@ -69,5 +69,7 @@ def host() -> dict[str, object]:
         "platform": platform.platform(),
         "python": sys.version.split()[0],
         "optuna": package_version("optuna"),
+        "optuna_dashboard": package_version("optuna-dashboard"),
+        "sqlalchemy": package_version("sqlalchemy"),
         "knobtune": package_version("knobtune"),
     }

@@ -1,0 +1,42 @@
+#!/usr/bin/env bash
+# GPU check, for a CUDA machine: the CUDA-marked tests, then a short digits-cnn study with the CUDA
+# knobs on (fp16 + GradScaler, bf16, cuDNN flags, pin_memory, channels_last, compile with CUDA
+# graphs), then the winner exported. Prints what it measured. Budget: under 8 minutes.
+#
+#   benchmarks/gpu_check.sh            # with knobtune installed (make install), or
+#   PYTHON=python3 benchmarks/gpu_check.sh   # from a source tree: wheels in .whl/ are installed first
+set -euo pipefail
+cd "$(dirname "$0")/.."
+PY=${PYTHON:-$( [ -x .venv/bin/python ] && echo .venv/bin/python || echo python3 )}
+if [ -d .whl ] && ls .whl/*.whl >/dev/null 2>&1; then
+  "$PY" -m pip install -q --no-index --no-deps --no-compile --target /tmp/knobtune-site .whl/*.whl
+  export PYTHONPATH=/tmp/knobtune-site${PYTHONPATH:+:$PYTHONPATH}
+fi
+export PYTHONPATH=$PWD${PYTHONPATH:+:$PYTHONPATH}
+export PYTHONUNBUFFERED=1
+work=$(mktemp -d)
+export KNOBTUNE_CACHE_DIR=$work/cache
+"$PY" -c "import torch; assert torch.cuda.is_available(), 'no CUDA device: this script is for a GPU box'; print('torch', torch.__version__, 'on', torch.cuda.get_device_name(0))"
+
+echo "== knobtune env"
+"$PY" -m search.cli env
+echo "== CUDA tests"
+timeout 240 "$PY" -m pytest -q -m cuda tests/test_cuda.py
+echo "== short digits-cnn study with the CUDA knobs"
+timeout 300 "$PY" -m search.cli run benchmarks/gpu-digits-cnn.toml --storage "sqlite:///$work/gpu.db" || true
+"$PY" -m search.cli export gpu-digits-cnn --storage "sqlite:///$work/gpu.db" -o "$work/best.json"
+cat "$work/best.json"
+"$PY" - "$work/gpu.db" <<'PY'
+import sys, optuna
+optuna.logging.set_verbosity(optuna.logging.WARNING)
+study = optuna.load_study(study_name="gpu-digits-cnn", storage=f"sqlite:///{sys.argv[1]}")
+print(f"{'#':>3} {'outcome':<8} {'samples/s':>10} {'acc':>6} {'warmup_s':>8} {'skips':>5}  knobs")
+for t in study.trials:
+    a = t.user_attrs
+    if "outcome" not in a:
+        continue
+    knobs = {k: v["value"] for k, v in a["knobs"].items() if v["applied"] and k in (
+        "batch_size", "num_workers", "pin_memory", "amp", "compile", "channels_last", "cudnn_benchmark", "cudnn_deterministic")}
+    print(f"{t.number:>3} {a['outcome']:<8} {a.get('samples_per_second', 0):>10,.0f} {a.get('val_accuracy', 0):>6.3f} "
+          f"{a.get('warmup_seconds', 0):>8.1f} {a.get('amp_skipped_steps', 0):>5}  {knobs}")
+PY

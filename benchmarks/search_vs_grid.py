@@ -1,0 +1,110 @@
+"""Does the search find what an exhaustive grid finds, and what does the tool cost per trial?
+
+One run on this machine, on digits-mlp (PyTorch):
+  1. the exhaustive grid over batch_size x num_workers x amp x intra_op_threads (other knobs default);
+  2. a knobtune study of 20 trials over the same space (baseline and the seeds' advice first);
+  3. baseline, grid-best and search-best re-measured side by side, interleaved, 3 times each.
+Prints best/baseline and found/grid-best as ratios, and the overhead per trial (trial wall time
+minus the burst's own time) as a fraction of the trial. Not a test: numbers vary with the machine.
+
+    .venv/bin/python benchmarks/search_vs_grid.py [--trials 20] [--repeats 3]
+"""
+from __future__ import annotations
+
+import argparse
+import io
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+from _bench import interleaved, median, plan_for, run_params
+
+STUDY = """
+[study]
+name = "bench-digits-mlp"
+framework = "pytorch"
+workload = "digits-mlp"
+trials = {trials}
+seed = {seed}
+
+[burst]
+train_samples = 16000
+warmup_samples = 1000
+windows = 5
+timeout_s = 300
+
+[baseline]
+batch_size = 64
+
+[space]
+batch_size = [32, 64, 128, 256]
+num_workers = [0, 1, 2]
+amp = ["off", "bf16"]
+intra_op_threads = [0, 1]
+accumulation_steps = [1]
+compile = ["off"]
+prefetch_factor = [2]
+persistent_workers = [true]
+"""
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--trials", type=int, default=20)
+    parser.add_argument("--repeats", type=int, default=3)
+    parser.add_argument("--seed", type=int, default=0)
+    args = parser.parse_args()
+    text = STUDY.format(trials=args.trials, seed=args.seed)
+    plan = plan_for(text)
+    space, offer, guard = plan.space, plan.offer, plan.definition.guard.max_accuracy_drop
+
+    print("1. exhaustive grid", flush=True)
+    grid = list(space.grid(offer))
+    baseline_params = space.baseline_params(offer, plan.ctx, plan.definition.baseline)
+    base = run_params(plan, baseline_params, "baseline")
+    floor = (base.val_accuracy or 0) - guard
+    grid_results = [(params, run_params(plan, params, f"grid {i + 1}/{len(grid)}")) for i, params in enumerate(grid)]
+    feasible = [(p, r) for p, r in grid_results if r.outcome == "ok" and (r.val_accuracy or 0) >= floor]
+    grid_best_params, grid_best = max(feasible, key=lambda pr: pr[1].samples_per_second or 0)
+
+    print(f"\n2. knobtune search, {args.trials} trials", flush=True)
+    from search import definition, results, study as study_mod
+
+    with tempfile.TemporaryDirectory() as tmp:
+        url = f"sqlite:///{Path(tmp) / 'bench.db'}"
+        start = time.monotonic()
+        study_mod.run(definition.parse(text, default_name="bench"), storage_url=url, out=io.StringIO(), err=sys.stdout)
+        search_wall = time.monotonic() - start
+        import optuna
+
+        study = optuna.load_study(study_name="bench-digits-mlp", storage=url)
+        best = results.best(study)
+        done = results.finished(study)
+        trial_s = sum(t.user_attrs.get("trial_seconds", 0) for t in done)
+        burst_s = sum(t.user_attrs.get("burst_seconds", 0) for t in done)
+        search_best_params = dict(best.params)
+        search_rank = 1 + sum(1 for _, r in feasible if (r.samples_per_second or 0) > best.user_attrs["samples_per_second"])
+
+    print(f"\n3. side by side, interleaved, {args.repeats} repeats", flush=True)
+    rates = interleaved(plan, {"baseline": baseline_params, "grid-best": grid_best_params,
+                               "search-best": search_best_params}, args.repeats)
+    b, g, s = (median(rates[k]) for k in ("baseline", "grid-best", "search-best"))
+
+    print("\n=== search vs grid on digits-mlp (pytorch), this machine ===")
+    print(f"grid: {len(grid)} configurations, {len(feasible)} pass the accuracy guard (>= {floor:.3f})")
+    print(f"grid best:    {grid_best_params}")
+    print(f"search best:  {search_best_params} (trial #{best.number}; rank {search_rank} of the grid's feasible configs "
+          f"by the grid's own single measurements)")
+    print(f"side-by-side medians (samples/s): baseline {b:,.0f}   grid-best {g:,.0f}   search-best {s:,.0f}")
+    print(f"best/baseline        = {s / b:.2f}x   (grid-best/baseline = {g / b:.2f}x)")
+    print(f"found/grid-best      = {s / g:.2f}")
+    print(f"overhead per trial   = {(trial_s - burst_s) / trial_s:.0%} of trial wall time "
+          f"({(trial_s - burst_s) / len(done):.1f} s of {trial_s / len(done):.1f} s: process start, imports, "
+          f"data setup, evaluation)")
+    print(f"search wall time     = {search_wall:.0f} s for {len(done)} trials")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
