@@ -18,24 +18,28 @@ def changed_knobs(values: dict[str, Any], reference: dict[str, Any]) -> str:
 
 def trial_line(number: int, attrs: dict[str, Any], best: tuple[float, int] | None,
                baseline_knobs: dict[str, Any] | None) -> str:
+    """``trial #3   ok   9,141 samples/s  acc 0.956  cv 5%  11.2 s  | best 9,141 (#2)`` + changed knobs."""
     outcome = attrs.get("outcome", "?")
+    source = attrs.get("source")
+    tag = f" [{source}]" if source in ("baseline", "advice", "explore") else ""
     head = f"trial #{number:<3} {outcome:<7}"
-    if attrs.get("is_baseline"):
-        head += " [baseline]"
-    knobs = {k: v["value"] for k, v in attrs.get("knobs", {}).items() if v.get("applied")}
     if outcome == "ok":
         text = (f"{head} {rate(attrs.get('samples_per_second')):>9} samples/s  "
-                f"acc {attrs.get('val_accuracy', 0):.3f}  cv {100 * attrs.get('samples_per_second_cv', 0):.0f}%  "
-                f"{attrs.get('trial_seconds', 0):.1f} s")
+                f"acc {attrs.get('val_accuracy', 0):.3f}  cv {100 * attrs.get('samples_per_second_cv', 0):>2.0f}%  "
+                f"{attrs.get('trial_seconds', 0):>5.1f} s")
         if attrs.get("feasible") is False:
-            text += f"  BELOW ACCURACY GUARD ({attrs.get('accuracy_floor', 0):.3f})"
+            text += f"  below accuracy guard ({attrs.get('accuracy_floor', 0):.3f})"
     else:
         failure = (attrs.get("failure") or "").splitlines()
         text = f"{head} {failure[0] if failure else ''}  ({attrs.get('trial_seconds', 0):.1f} s)"
-    if baseline_knobs is not None and not attrs.get("is_baseline"):
-        text += f"\n             {changed_knobs(knobs, baseline_knobs)}"
     if best:
-        text += f"\n             best so far {rate(best[0])} samples/s (trial #{best[1]})"
+        text += f"  | best {rate(best[0])} (#{best[1]})"
+    knobs = {k: v["value"] for k, v in attrs.get("knobs", {}).items() if v.get("applied")}
+    detail = [tag.strip()] if tag else []
+    if baseline_knobs is not None and not attrs.get("is_baseline"):
+        detail.append(changed_knobs(knobs, baseline_knobs))
+    if detail:
+        text += "\n" + " " * 11 + " ".join(detail)
     return text
 
 
