@@ -91,19 +91,29 @@ def _fail_stale(study: optuna.Study) -> int:
     return len(stale)
 
 
-def _enqueue_start(study: optuna.Study, plan: Plan, created: bool) -> None:
-    """The baseline first (again, if no ok baseline exists), then, in a new study, the seeds' advice."""
-    waiting = study.get_trials(deepcopy=False, states=[TrialState.WAITING])
+def _enqueue_baseline(study: optuna.Study, plan: Plan) -> None:
+    """Queue the baseline unless an ok baseline exists or one is already waiting.
+
+    Nothing else is queued before a baseline has succeeded, so it is always the next trial.
+    """
     base = results.baseline(study)
+    waiting = study.get_trials(deepcopy=False, states=[TrialState.WAITING])
     if (base is None or base.user_attrs.get("outcome") != "ok") and not any(
         t.user_attrs.get("is_baseline") for t in waiting
     ):
         params = plan.space.baseline_params(plan.offer, plan.ctx, plan.definition.baseline)
         study.enqueue_trial(params, user_attrs={"is_baseline": True, "source": "baseline"})
-        if created:
-            advice = plan.space.advice_params(plan.offer, plan.ctx, plan.definition.baseline)
-            if advice != params:
-                study.enqueue_trial(advice, user_attrs={"source": "advice"})
+
+
+def _enqueue_advice(study: optuna.Study, plan: Plan) -> None:
+    """Once per study, after its baseline succeeded: the seeds' advice applied by hand."""
+    if study.user_attrs.get("advice_enqueued"):
+        return
+    study.set_user_attr("advice_enqueued", True)
+    baseline = plan.space.baseline_params(plan.offer, plan.ctx, plan.definition.baseline)
+    advice = plan.space.advice_params(plan.offer, plan.ctx, plan.definition.baseline)
+    if advice != baseline:
+        study.enqueue_trial(advice, user_attrs={"source": "advice"})
 
 
 def _unmeasured(study: optuna.Study, plan: Plan, rng: random.Random) -> dict[str, Any] | None:
@@ -154,7 +164,7 @@ def run(definition: Definition, storage_url: str | None = None, trials: int | No
         stale = _fail_stale(study)
         if stale:
             err.write(f"note: marked {stale} trial(s) left running by an earlier run as failed\n")
-    _enqueue_start(study, plan, created)
+    _enqueue_baseline(study, plan)
     done = len(results.finished(study))
     wl = info["workload"]
     err.write(
@@ -211,6 +221,8 @@ def run(definition: Definition, storage_url: str | None = None, trials: int | No
             base = results.baseline(study)
             base_knobs = results.knob_values(base) if base else None
             progress.finished(trial_line(finished_trial.number, finished_trial.user_attrs, progress.best, base_knobs))
+            if is_baseline and report.outcome == "ok":
+                _enqueue_advice(study, plan)
             if is_baseline and report.outcome != "ok":
                 raise RunError(
                     f"the baseline trial #{finished_trial.number} did not succeed ({report.outcome}: "

@@ -287,3 +287,33 @@ def test_env_prints_the_fingerprint(tmp_path: Path):
         assert key in proc.stdout
     report = json.loads(knobtune("env", "--json", cwd=tmp_path, check=0).stdout)
     assert report["frameworks"]["pytorch"]["torch"].startswith("2.")
+
+
+def test_a_killed_run_leaves_no_trial_running_and_resumes(tmp_path: Path):
+    body = STUDY.format(burst=TINY_BURST.replace("timeout_s = 120", "timeout_s = 600"))
+    body = body.replace('workload = "kt_test_workloads:tiny"', 'workload = "kt_test_workloads:sleepy"')
+    body = body.replace("[space]", "[workload]\nseconds = 0.004\n[baseline]\nnum_workers = 1\n[space]")
+    path = study_file(tmp_path, body)
+    proc = subprocess.Popen([sys.executable, "-m", "search.cli", "run", str(path)], cwd=tmp_path,
+                            stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    deadline = time.monotonic() + 120
+    kids: list[psutil.Process] = []
+    while time.monotonic() < deadline and not kids:
+        time.sleep(0.3)
+        kids = [c for c in psutil.Process(proc.pid).children() if "trainers.pytorch" in " ".join(c.cmdline())]
+        kids = [k for k in kids if "burst" in k.cmdline()]
+    assert kids, "no trial child seen"
+    time.sleep(3)  # let it start its DataLoader worker
+    pgid = os.getpgid(kids[0].pid)
+    proc.kill()  # SIGKILL: no cleanup code in knobtune runs
+    proc.wait()
+    deadline = time.monotonic() + 30
+    while time.monotonic() < deadline and _group_alive(pgid):
+        time.sleep(0.5)
+    assert _group_alive(pgid) == []
+    # the trial it left RUNNING is marked failed on resume, and the study goes on
+    proc2 = knobtune("run", str(path), "--trials", "1", cwd=tmp_path, check=0)
+    assert "marked 1 trial(s) left running by an earlier run as failed" in proc2.stderr
+    study = load(tmp_path)
+    assert study.trials[0].state == optuna.trial.TrialState.FAIL
+    assert [t.user_attrs["outcome"] for t in study.trials if "outcome" in t.user_attrs] == ["ok"]
