@@ -16,7 +16,7 @@ from spaces.knobs import Context, Offer, Resolved, Space
 ATTR_FIELDS = (
     "samples_per_second", "samples_per_second_cv", "warmup_seconds", "val_accuracy", "final_loss",
     "effective_batch_size", "peak_memory_mb", "burst_seconds", "window_rates", "nan_step",
-    "amp_skipped_steps", "loader", "applied",
+    "amp_skipped_steps", "loader", "pipeline", "applied",
 )
 
 

@@ -38,6 +38,10 @@ class Knob:
     inactive: Callable[[Mapping[str, Any]], str | None] = lambda values: None
     check: Callable[[Any], str | None] = lambda value: None
     value_unavailable: Callable[[Any, Context], str | None] = lambda value, ctx: None
+    default_in: Callable[[Context], Any] | None = None  # a framework default that depends on hardware
+
+    def default_for(self, ctx: Context) -> Any:
+        return self.default_in(ctx) if self.default_in else self.default
 
     def type_error(self, value: Any) -> str | None:
         """None when ``value`` has the knob's type (bool is not an int here)."""
@@ -47,6 +51,8 @@ class Knob:
             return f"expected true or false, got {value!r}"
         if self.kind is str and not isinstance(value, str):
             return f"expected a string, got {value!r}"
+        if self.kind is object and not isinstance(value, (bool, int, float, str)):
+            return f"expected a number or a string, got {value!r}"
         return self.check(value)
 
 
@@ -109,7 +115,7 @@ class Space:
 
     def defaults(self, ctx: Context, overrides: Mapping[str, Any] | None = None) -> dict[str, Any]:
         """The framework defaults (the workload's own batch size), then ``overrides``."""
-        values = {k.name: k.default for k in self.knobs}
+        values = {k.name: k.default_for(ctx) for k in self.knobs}
         batch = ctx.get("workload", {}).get("batch_size")
         if batch:
             values["batch_size"] = batch
@@ -134,11 +140,13 @@ class Space:
                     dropped.setdefault(knob.name, []).append(f"{value!r}: {problem}")
                 elif value not in kept:
                     kept.append(value)
-            base = baseline.get(knob.name, knob.default)
+            base = baseline.get(knob.name, knob.default_for(ctx))
             if base not in kept and knob.value_unavailable(base, ctx) is None:
                 kept.append(base)
             if knob.kind in (int, float):
                 kept.sort()
+            elif knob.kind is object:  # numbers first, in order, then the named values
+                kept.sort(key=lambda v: (isinstance(v, str), v if not isinstance(v, str) else 0, str(v)))
             choices[knob.name] = kept
         return Offer(choices, unavailable, dropped)
 
@@ -160,12 +168,12 @@ class Space:
         values: dict[str, Any] = {}
         for knob in self.knobs:
             if knob.name in offer.unavailable:
-                resolved[knob.name] = Resolved(knob.default, False, offer.unavailable[knob.name])
+                resolved[knob.name] = Resolved(knob.default_for(ctx), False, offer.unavailable[knob.name])
                 continue
             value = suggested.get(knob.name, defaults[knob.name])
             why = knob.inactive(values)
             if why:
-                resolved[knob.name] = Resolved(knob.default, False, why)
+                resolved[knob.name] = Resolved(knob.default_for(ctx), False, why)
                 continue
             values[knob.name] = value
             resolved[knob.name] = Resolved(value, True)

@@ -13,21 +13,36 @@ ROOT = Path(__file__).resolve().parent.parent
 WORKLOADS = Path(__file__).resolve().parent / "workloads"
 
 
-def _torch_cuda() -> bool:
-    try:
-        import torch
-    except ImportError:
+def _installed(module: str) -> bool:
+    import importlib.util
+
+    return importlib.util.find_spec(module) is not None
+
+
+def torch_cuda() -> bool:
+    """Whether torch sees a CUDA device, asked in a child: this process imports no framework
+    (torch and tensorflow never share a process, the tests' own included)."""
+    if not _installed("torch"):
         return False
-    return torch.cuda.is_available()
+    probe = subprocess.run([sys.executable, "-c", "import torch; print(torch.cuda.is_available())"],
+                           capture_output=True, text=True, timeout=120)
+    return probe.stdout.strip() == "True"
+
+
+HAVE_TENSORFLOW = _installed("tensorflow")
 
 
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
-    if _torch_cuda():
-        return
-    skip = pytest.mark.skip(reason="needs a CUDA device")
-    for item in items:
-        if "cuda" in item.keywords:
-            item.add_marker(skip)
+    if any("cuda" in item.keywords for item in items) and not torch_cuda():
+        skip = pytest.mark.skip(reason="needs a CUDA device")
+        for item in items:
+            if "cuda" in item.keywords:
+                item.add_marker(skip)
+    if not HAVE_TENSORFLOW:
+        skip = pytest.mark.skip(reason="tensorflow is not installed (pip install 'knobtune[tensorflow]')")
+        for item in items:
+            if "tensorflow" in item.keywords:
+                item.add_marker(skip)
 
 
 @pytest.fixture(scope="session", autouse=True)

@@ -3,16 +3,13 @@ from __future__ import annotations
 
 import pytest
 
+from conftest import torch_cuda
 from search.runner import run_child
 
-
-def _cuda() -> bool:
-    import torch
-
-    return torch.cuda.is_available()
+ON_CUDA = torch_cuda()
 
 
-@pytest.mark.skipif(_cuda(), reason="checks the CPU-only gating")
+@pytest.mark.skipif(ON_CUDA, reason="checks the CPU-only gating")
 def test_probe_on_cpu_offers_no_cuda_knobs():
     child = run_child("pytorch", "probe", {"workload": "digits-cnn"}, 120)
     assert child.outcome != "crash", child.failure
@@ -26,7 +23,7 @@ def test_probe_on_cpu_offers_no_cuda_knobs():
     assert "fp16" not in offer.choices["amp"] and "channels_last" in offer.choices
 
 
-@pytest.mark.skipif(_cuda(), reason="checks the CPU-only gating")
+@pytest.mark.skipif(ON_CUDA, reason="checks the CPU-only gating")
 def test_cuda_only_values_are_refused_by_the_child_on_cpu():
     from spaces import for_framework
 

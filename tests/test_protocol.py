@@ -21,6 +21,29 @@ def test_schedule_covers_the_samples_in_equal_aligned_windows(batch: int, accum:
         assert all(length % accum == 0 for length in lengths[:-1])
 
 
+@pytest.mark.parametrize("batch, accum, execution", [(64, 1, 4), (64, 2, 3), (32, 4, 8), (100, 1, 16)])
+def test_boundaries_fall_on_executions(batch: int, accum: int, execution: int):
+    spec = BurstSpec(train_samples=12000, warmup_samples=2000, windows=5)
+    s = make_schedule(spec, batch, accum, execution)
+    assert s.total_steps % execution == 0
+    assert all(b % execution == 0 for b in s.boundaries)
+    assert s.warmup_steps % accum == 0
+
+
+def test_drive_runs_whole_executions():
+    spec = BurstSpec(train_samples=1600, warmup_samples=400, windows=3)
+    schedule = make_schedule(spec, 100, 1, 4)  # 16 steps: warm-up 4, then windows of 4
+    calls = []
+
+    def step(first: int, count: int) -> int:
+        calls.append((first, count))
+        return 100 * count
+
+    record = drive(schedule, step, lambda: GuardReading(True, None, 1.0))
+    assert calls == [(0, 4), (4, 4), (8, 4), (12, 4)]
+    assert record.warmup_samples == 400 and [s for s, _ in record.windows] == [400, 400, 400]
+
+
 def test_burst_too_short_is_invalid():
     with pytest.raises(InvalidKnobs, match="burst too short"):
         make_schedule(BurstSpec(train_samples=1000, warmup_samples=500, windows=5), 256)
@@ -40,7 +63,8 @@ def test_drive_times_windows_and_takes_the_median():
     schedule = make_schedule(spec, 100)  # 10 steps: 2 warm-up, 4 windows of 2
     costs = iter([5.0, 5.0] + [1.0, 1.0] + [2.0, 2.0] + [1.0, 1.0] + [1.0, 3.0])
 
-    def step(i: int) -> int:
+    def step(first: int, count: int) -> int:
+        assert count == 1
         clock.now += next(costs)
         return 100
 
@@ -64,9 +88,9 @@ def test_drive_stops_at_the_boundary_after_a_non_finite_loss():
     schedule = make_schedule(BurstSpec(train_samples=1000, warmup_samples=200, windows=4), 100)
     state = {"bad": None}
 
-    def step(i: int) -> int:
-        if i == 5 and state["bad"] is None:
-            state["bad"] = i
+    def step(first: int, count: int) -> int:
+        if first == 5 and state["bad"] is None:
+            state["bad"] = first
         return 100
 
     def checkpoint() -> GuardReading:

@@ -34,44 +34,53 @@ class BurstSpec:
 
 @dataclass(frozen=True)
 class Schedule:
-    """Micro-batch indices at which warm-up ends and each window ends (exclusive)."""
+    """Micro-batch indices at which warm-up ends and each window ends (exclusive).
+
+    ``execution_steps`` micro-batches run per host call (Keras ``steps_per_execution``); every
+    boundary falls on an execution boundary, so a window is never cut inside a device call.
+    """
 
     batch_size: int
     accumulation_steps: int
     total_steps: int
     warmup_steps: int
     window_ends: tuple[int, ...]
+    execution_steps: int = 1
 
     @property
     def boundaries(self) -> tuple[int, ...]:
         return (self.warmup_steps, *self.window_ends)
 
 
-def make_schedule(spec: BurstSpec, batch_size: int, accumulation_steps: int = 1) -> Schedule:
+def make_schedule(spec: BurstSpec, batch_size: int, accumulation_steps: int = 1,
+                  execution_steps: int = 1) -> Schedule:
     """Cut a burst into warm-up and windows, counted in micro-batches of ``batch_size``.
 
-    Raises InvalidKnobs when the burst is too short to give every window one micro-batch.
+    Warm-up ends on an optimizer step and an execution boundary; windows are whole executions,
+    and whole optimizer steps when they are long enough. Raises InvalidKnobs when the burst is
+    too short to give every window at least one execution.
     """
-    if batch_size < 1 or accumulation_steps < 1:
-        raise InvalidKnobs(
-            f"batch_size and accumulation_steps must be >= 1, got {batch_size} and {accumulation_steps}"
-        )
-    k = accumulation_steps
+    for name, value in (("batch_size", batch_size), ("accumulation_steps", accumulation_steps),
+                        ("steps_per_execution", execution_steps)):
+        if value < 1:
+            raise InvalidKnobs(f"{name} must be >= 1, got {value}")
+    k, e = accumulation_steps, execution_steps
+    step_align = math.lcm(k, e)
     total = math.ceil(spec.train_samples / batch_size)
+    total = math.ceil(total / e) * e  # the last execution is a whole one
     warm = math.ceil(spec.warmup_samples / batch_size)
-    warm = min(total, math.ceil(warm / k) * k)  # warm-up ends on an optimizer step
+    warm = min(total, math.ceil(warm / step_align) * step_align)
     per = (total - warm) // spec.windows
-    if per >= k:
-        per = per // k * k
+    per = per // step_align * step_align if per >= step_align else per // e * e
     if per < 1:
         raise InvalidKnobs(
             f"burst too short: train_samples={spec.train_samples} minus warm-up leaves "
             f"{(total - warm) * batch_size} samples, fewer than windows={spec.windows} "
-            f"micro-batches of batch_size={batch_size}"
+            f"executions of {e} micro-batch(es) of batch_size={batch_size}"
         )
     ends = [warm + per * (i + 1) for i in range(spec.windows)]
     ends[-1] = total  # the remainder joins the last window
-    return Schedule(batch_size, k, total, warm, tuple(ends))
+    return Schedule(batch_size, k, total, warm, tuple(ends), e)
 
 
 @dataclass(frozen=True)
@@ -117,43 +126,75 @@ class BurstRecord:
         return out
 
 
+class WindowTimer:
+    """Stamps the schedule's boundaries: the one timing mechanism every training loop uses.
+
+    Call ``start()`` right before the first micro-batch is requested (so worker start-up and
+    compilation land in warm-up), then ``passed(steps_done, samples, reading)`` after each
+    execution; it records a segment when ``steps_done`` is a boundary and returns False when the
+    burst must stop (a non-finite loss).
+    """
+
+    def __init__(self, schedule: Schedule, clock: Callable[[], float] = time.perf_counter) -> None:
+        self.schedule, self.clock = schedule, clock
+        self.record = BurstRecord()
+        self._next = 0
+        self._skip_empty()
+        self._segment_samples = 0
+        self._t0 = 0.0
+
+    def _skip_empty(self) -> None:
+        # A boundary at step 0 (no warm-up) closes nothing.
+        while self._next < len(self.schedule.boundaries) and self.schedule.boundaries[self._next] == 0:
+            self._next += 1
+
+    def start(self) -> None:
+        self._t0 = self.clock()
+
+    def due(self, steps_done: int) -> bool:
+        return self._next < len(self.schedule.boundaries) and steps_done == self.schedule.boundaries[self._next]
+
+    def passed(self, steps_done: int, samples: int, reading: Callable[[], GuardReading]) -> bool:
+        """Count ``samples`` trained up to ``steps_done``; at a boundary, read the guard and stamp."""
+        self._segment_samples += samples
+        self.record.steps_done = steps_done
+        if not self.due(steps_done):
+            return True
+        guard = reading()  # synchronises the device
+        now = self.clock()
+        if self._next == 0 and self.schedule.warmup_steps > 0:
+            self.record.warmup_seconds = now - self._t0
+            self.record.warmup_samples = self._segment_samples
+        else:
+            self.record.windows.append((self._segment_samples, now - self._t0))
+        self.record.samples_done += self._segment_samples
+        self.record.final_loss = guard.mean_loss
+        self._segment_samples = 0
+        self._next += 1
+        self._t0 = self.clock()
+        if not guard.finite:
+            self.record.nan_step = guard.first_bad_step if guard.first_bad_step is not None else steps_done - 1
+            return False
+        return True
+
+
 def drive(
     schedule: Schedule,
-    step: Callable[[int], int],
+    step: Callable[[int, int], int],
     checkpoint: Callable[[], GuardReading],
     clock: Callable[[], float] = time.perf_counter,
 ) -> BurstRecord:
-    """Run micro-batches 0..total-1 through ``step`` and time them by the schedule.
+    """Run the burst as executions of ``schedule.execution_steps`` micro-batches and time it.
 
-    ``step(i)`` trains on micro-batch i and returns its sample count without synchronising;
-    ``checkpoint()`` synchronises the device and reads the NaN guard. It is called only at
-    boundaries. A non-finite loss stops the burst at the next boundary.
+    ``step(first, count)`` trains on micro-batches first..first+count-1 and returns their sample
+    count without synchronising; ``checkpoint()`` synchronises and reads the NaN guard, and is
+    called only at boundaries. A non-finite loss stops the burst at the next boundary.
     """
-    record = BurstRecord()
-    boundaries = schedule.boundaries
-    b = 0
-    # A boundary at step 0 (no warm-up) is passed with nothing measured.
-    while b < len(boundaries) and boundaries[b] == 0:
-        b += 1
-    start = clock()
-    segment_samples = 0
-    for i in range(schedule.total_steps):
-        segment_samples += step(i)
-        record.steps_done = i + 1
-        if b < len(boundaries) and i + 1 == boundaries[b]:
-            reading = checkpoint()
-            now = clock()
-            if b == 0 and schedule.warmup_steps > 0:
-                record.warmup_seconds = now - start
-                record.warmup_samples = segment_samples
-            else:
-                record.windows.append((segment_samples, now - start))
-            record.samples_done += segment_samples
-            record.final_loss = reading.mean_loss
-            segment_samples = 0
-            start = clock()
-            b += 1
-            if not reading.finite:
-                record.nan_step = reading.first_bad_step if reading.first_bad_step is not None else i
-                break
-    return record
+    timer = WindowTimer(schedule, clock)
+    e = schedule.execution_steps
+    timer.start()
+    for first in range(0, schedule.total_steps, e):
+        count = min(e, schedule.total_steps - first)
+        if not timer.passed(first + count, step(first, count), checkpoint):
+            break
+    return timer.record

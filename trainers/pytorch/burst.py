@@ -143,17 +143,19 @@ def run(request: dict[str, Any]) -> dict[str, Any]:
     loss_sum = torch.zeros((), dtype=torch.float32, device=device)
     loss_steps = 0
     skipped = torch.zeros((), dtype=torch.long, device=device)
-    iterator = iter(loader)
+    iterator = None  # made in the first step, so worker start-up is timed as warm-up
 
     def next_batch() -> Any:
         nonlocal iterator
+        if iterator is None:
+            iterator = iter(loader)
         try:
             return next(iterator)
         except StopIteration:  # next epoch (persistent_workers keeps the workers alive)
             iterator = iter(loader)
             return next(iterator)
 
-    def step(i: int) -> int:
+    def step(i: int, count: int = 1) -> int:
         nonlocal loss_steps
         inputs, targets = next_batch()
         inputs = _to_device(inputs, device, non_blocking)

@@ -1,8 +1,6 @@
 """What a PyTorch trial trains: the Workload contract, the built-ins, and user factories."""
 from __future__ import annotations
 
-import importlib
-import inspect
 from dataclasses import dataclass, field
 from typing import Any, Callable, Iterable
 
@@ -11,6 +9,7 @@ from torch import nn
 from torch.utils.data import Dataset
 
 from trainers.common.errors import WorkloadError
+from trainers.common.factory import call_factory, import_factory
 
 
 def accuracy(outputs: torch.Tensor, targets: torch.Tensor) -> float:
@@ -52,58 +51,16 @@ def _builtins() -> dict[str, Callable[..., Workload]]:
     return builtin.WORKLOADS
 
 
-def builtin_names() -> list[str]:
-    return sorted(_builtins())
-
-
 def load(name: str, options: dict[str, Any] | None = None) -> Workload:
     """Build the workload called ``name``: a built-in, or ``package.module:factory``."""
-    options = dict(options or {})
     builtins = _builtins()
     if name in builtins:
-        factory, label = builtins[name], name
+        factory = builtins[name]
     elif ":" in name:
-        factory, label = _import_factory(name), name
+        factory = import_factory(name)
     else:
         raise WorkloadError(
             f"unknown pytorch workload {name!r}: expected one of {', '.join(sorted(builtins))} "
             f"or 'package.module:factory'"
         )
-    try:
-        inspect.signature(factory).bind(**options)
-    except TypeError as exc:
-        raise WorkloadError(f"workload {label!r} does not take options {sorted(options)}: {exc}") from None
-    except ValueError:  # no signature available (a C callable); let the call decide
-        pass
-    try:
-        workload = factory(**options)
-    except WorkloadError:
-        raise
-    except Exception as exc:  # the user's factory failed: their input, reported in one line
-        raise WorkloadError(f"workload factory {label!r} raised {type(exc).__name__}: {exc}") from exc
-    if not isinstance(workload, Workload):
-        raise WorkloadError(
-            f"workload factory {label!r} returned {type(workload).__module__}.{type(workload).__qualname__}, "
-            f"expected trainers.pytorch.Workload"
-        )
-    if workload.name == "custom":
-        workload.name = label
-    return workload
-
-
-def _import_factory(spec: str) -> Callable[..., Workload]:
-    module_name, _, attr = spec.partition(":")
-    if not module_name or not attr:
-        raise WorkloadError(f"workload {spec!r} is malformed: expected 'package.module:factory'")
-    try:
-        module = importlib.import_module(module_name)
-    except Exception as exc:
-        raise WorkloadError(
-            f"workload {spec!r}: cannot import module {module_name!r} ({type(exc).__name__}: {exc})"
-        ) from None
-    factory = getattr(module, attr, None)
-    if factory is None:
-        raise WorkloadError(f"workload {spec!r}: module {module_name!r} has no attribute {attr!r}")
-    if not callable(factory):
-        raise WorkloadError(f"workload {spec!r}: {attr!r} is a {type(factory).__name__}, expected a callable factory")
-    return factory
+    return call_factory(factory, name, options or {}, Workload, "trainers.pytorch.Workload")

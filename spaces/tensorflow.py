@@ -1,0 +1,112 @@
+"""TensorFlow's knobs (the seeds' tf.data and tf.function advice, made searchable).
+
+Parallelism knobs take a number or "autotune" (tf.data.AUTOTUNE); 0 means sequential
+(``num_parallel_calls`` unset) and, for ``prefetch``, no prefetch at all.
+"""
+from __future__ import annotations
+
+from typing import Any, Mapping
+
+from spaces.knobs import Context, Knob, Space
+
+AUTOTUNE = "autotune"
+NEEDS_GPU = "needs a GPU; this machine has none"
+
+
+def _hw(ctx: Context) -> Mapping[str, Any]:
+    return ctx.get("hardware", {})
+
+
+def _cores(ctx: Context) -> int:
+    return int(_hw(ctx).get("usable_cores", 1))
+
+
+def _positive(value: Any) -> str | None:
+    return None if value >= 1 else f"must be >= 1, got {value}"
+
+
+def _parallelism(value: Any) -> str | None:
+    if value == AUTOTUNE or (isinstance(value, int) and not isinstance(value, bool) and value >= 0):
+        return None
+    return f"expected 0 (sequential), a number of parallel calls or {AUTOTUNE!r}, got {value!r}"
+
+
+def _parallel_choices(ctx: Context) -> list[Any]:
+    cores = _cores(ctx)
+    return sorted({0, 1, cores, *[n for n in (2, 4, 8, 16) if n <= cores]}) + [AUTOTUNE]
+
+
+def _precision_choices(ctx: Context) -> list[str]:
+    hw = _hw(ctx)
+    return ["float32"] + (["mixed_bfloat16"] if hw.get("bf16") else []) + (["mixed_float16"] if hw.get("gpu") else [])
+
+
+def _precision_value(value: Any, ctx: Context) -> str | None:
+    if value == "mixed_float16" and not _hw(ctx).get("gpu"):
+        return "mixed_float16 (with loss scaling) needs a GPU"
+    if value == "mixed_bfloat16" and not _hw(ctx).get("bf16"):
+        return "this device does not support bfloat16"
+    return None
+
+
+def _thread_choices(ctx: Context) -> list[int]:
+    cores = _cores(ctx)
+    return sorted({0, 1, cores, *[n for n in (2, 4, 8, 16) if n <= cores]})
+
+
+def _threads_fit(value: Any, ctx: Context) -> str | None:
+    return None if value <= _cores(ctx) else f"more threads than the {_cores(ctx)} cores this process may use"
+
+
+def _one_of(*allowed: str):
+    def check(value: Any) -> str | None:
+        return None if value in allowed else f"expected one of {', '.join(map(repr, allowed))}, got {value!r}"
+
+    return check
+
+
+KNOBS = (
+    Knob("batch_size", int, 64, "samples per micro-batch",
+         choices=lambda ctx: [32, 64, 128, 256, 512], check=_positive),
+    Knob("accumulation_steps", int, 1,
+         "micro-batches per optimizer step (Keras 3 optimizer gradient_accumulation_steps)",
+         choices=lambda ctx: [1, 2, 4], check=_positive),
+    Knob("cycle_length", int, 1, "TFRecord files read at once by interleave",
+         choices=lambda ctx: [1, 2, 4, 8], check=_positive),
+    Knob("interleave_parallel_calls", object, 0, "interleave num_parallel_calls (0 = sequential)",
+         choices=_parallel_choices, check=_parallelism),
+    Knob("map_parallel_calls", object, 0, "decode/augment map num_parallel_calls (0 = sequential)",
+         choices=_parallel_choices, check=_parallelism),
+    Knob("prefetch", object, 0, "prefetch buffer after batching, always last (0 = none)",
+         choices=lambda ctx: [0, 1, 2, 4, AUTOTUNE], check=_parallelism),
+    Knob("deterministic", bool, True, "keep element order under parallelism",
+         choices=lambda ctx: [True, False]),
+    Knob("cache", bool, False, "cache decoded images in memory after the first epoch (augmentation stays per epoch)",
+         choices=lambda ctx: [False, True]),
+    Knob("jit_compile", bool, False, "XLA compilation of the train step (Keras' 'auto': on with a GPU)",
+         choices=lambda ctx: [False, True], default_in=lambda ctx: bool(_hw(ctx).get("gpu"))),
+    Knob("mixed_precision", str, "float32", "Keras dtype policy; mixed_float16 adds a LossScaleOptimizer",
+         choices=_precision_choices, value_unavailable=_precision_value,
+         check=_one_of("float32", "mixed_bfloat16", "mixed_float16")),
+    Knob("steps_per_execution", int, 1, "train steps per host call",
+         choices=lambda ctx: [1, 2, 4, 8, 16], check=_positive),
+    Knob("loop", str, "fit", "Keras model.fit, or a custom loop under @tf.function",
+         choices=lambda ctx: ["fit", "custom"], check=_one_of("fit", "custom")),
+    Knob("intra_op_threads", int, 0, "tf.config.threading intra-op threads (0 = TensorFlow's default)",
+         choices=_thread_choices, value_unavailable=_threads_fit,
+         check=lambda v: None if v >= 0 else f"must be >= 0 (0 = TensorFlow's default), got {v}"),
+)
+
+
+def advice(ctx: Context) -> dict[str, Any]:
+    """What the seeds tell a TensorFlow user to do by hand (shared/seeds/004_*)."""
+    return {
+        "cycle_length": 4,                      # "interleave(..., cycle_length=4, num_parallel_calls=AUTOTUNE)"
+        "interleave_parallel_calls": AUTOTUNE,
+        "map_parallel_calls": AUTOTUNE,         # "map(parse_function, num_parallel_calls=AUTOTUNE)"
+        "prefetch": AUTOTUNE,                   # "prefetch last, with AUTOTUNE"
+        "loop": "custom",                       # "@tf.function on the training step"
+    }
+
+
+SPACE = Space("tensorflow", KNOBS, advice=advice)

@@ -1,0 +1,88 @@
+"""TensorFlow test workloads: tiny real digits shards, and faults injected on purpose."""
+from __future__ import annotations
+
+from pathlib import Path
+
+import keras
+import numpy as np
+import tensorflow as tf
+
+from trainers.common import digits
+from trainers.common.paths import cache_dir
+from trainers.tensorflow import Workload
+from trainers.tensorflow.builtin import _eval_arrays
+from trainers.tensorflow.data import parse_png, random_affine, write_shards
+from trainers.tensorflow.models import mlp
+
+
+def tiny(train: int = 320, val: int = 160, batch_size: int = 32, shards: int = 4,
+         build_model=mlp) -> Workload:
+    """The digits MLP on a slice of the real PNG files, as ``shards`` TFRecord files."""
+    files = digits.prepare()
+    chosen = files.train[:train]
+    root = cache_dir() / f"kt-tiny-tf-{train}-{shards}"
+    paths = write_shards(root, ((Path(s.path).read_bytes(), s.label) for s in chosen), key="png", shards=shards)
+    return Workload(build_model=build_model, train_files=paths, parse_fn=parse_png, augment_fn=random_affine,
+                    eval_data=_eval_arrays(files.val[:val]), batch_size=batch_size, train_size=len(chosen))
+
+
+class Explode(keras.layers.Layer):
+    """Identity until ``after`` training calls, then multiplies by inf."""
+
+    def __init__(self, after: int, **kwargs) -> None:
+        super().__init__(**kwargs)
+        self.after = after
+
+    def build(self, input_shape) -> None:
+        self.calls = self.add_weight(shape=(), initializer="zeros", dtype="int64", trainable=False, name="calls")
+
+    def call(self, x, training=None):
+        if training:
+            self.calls.assign_add(1)
+        factor = tf.where(self.calls > self.after, float("inf"), 1.0)
+        return x * tf.cast(factor, x.dtype)
+
+
+def diverge(after: int = 5) -> Workload:
+    def build() -> keras.Model:
+        base = mlp()
+        return keras.Sequential([keras.Input((28, 28, 1)), base, Explode(after, dtype="float32")])
+
+    return tiny(build_model=build)
+
+
+class NoXla(keras.layers.Layer):
+    """A layer with a Python op inside: XLA cannot compile it."""
+
+    def call(self, x):
+        out = tf.py_function(lambda t: t, [x], Tout=x.dtype)
+        out.set_shape(x.shape)
+        return out
+
+    def compute_output_shape(self, input_shape):
+        return input_shape
+
+
+def no_xla() -> Workload:
+    def build() -> keras.Model:
+        return keras.Sequential([keras.Input((28, 28, 1)), mlp(), NoXla(dtype="float32")])
+
+    return tiny(build_model=build)
+
+
+def corrupt() -> Workload:
+    """One of its TFRecord files is garbage."""
+    workload = tiny(shards=2, train=96)
+    bad = Path(workload.train_files[0]).with_name("corrupt.tfrecord")
+    bad.write_bytes(b"this is not a TFRecord file" * 10)
+    workload.train_files = [workload.train_files[1], str(bad)]
+    workload.train_size = None
+    return workload
+
+
+def missing() -> Workload:
+    workload = tiny()
+    workload.train_files = workload.train_files + ["/nonexistent/shard-9.tfrecord"]
+    return workload
+
+

@@ -1,0 +1,66 @@
+"""The built-in TensorFlow workloads: digits-mlp, digits-cnn, mnist-mlp (twins of the PyTorch ones)."""
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Callable
+
+import keras
+import numpy as np
+from PIL import Image
+
+from trainers.common import digits, idx
+from trainers.tensorflow import models
+from trainers.tensorflow.data import digits_shards, mnist_shards, parse_png, parse_raw28, random_affine
+from trainers.tensorflow.workload import Workload
+
+
+def _eval_arrays(samples: list[digits.Sample]) -> tuple[np.ndarray, np.ndarray]:
+    images = np.stack([np.asarray(Image.open(s.path).convert("L"), dtype=np.float32) / 255.0 for s in samples])
+    return images[..., np.newaxis], np.array([s.label for s in samples], dtype=np.int64)
+
+
+def _digits(name: str, build_model: Callable[[], keras.Model]) -> Workload:
+    files = digits.prepare()
+    return Workload(
+        name=name,
+        build_model=build_model,
+        train_files=digits_shards(files.train),
+        parse_fn=parse_png,
+        augment_fn=random_affine,
+        eval_data=_eval_arrays(files.val),
+        train_size=len(files.train),
+    )
+
+
+def digits_mlp() -> Workload:
+    """The seed's MLP on scikit-learn's digits as PNG bytes in TFRecord shards."""
+    return _digits("digits-mlp", models.mlp)
+
+
+def digits_cnn() -> Workload:
+    """A small conv net on the same shards."""
+    return _digits("digits-cnn", models.cnn)
+
+
+def mnist_mlp(data_dir: str, limit: int | None = None) -> Workload:
+    """The MLP on real MNIST idx files in ``data_dir`` (train-* written to TFRecord shards once)."""
+    train_x, train_y = idx.load_split(data_dir, "train")
+    test_x, test_y = idx.load_split(data_dir, "test")
+    if limit is not None:
+        train_x, train_y = train_x[:limit], train_y[:limit]
+    return Workload(
+        name="mnist-mlp",
+        build_model=models.mlp,
+        train_files=mnist_shards(Path(data_dir).expanduser(), train_x, train_y),
+        parse_fn=parse_raw28,
+        augment_fn=random_affine,
+        eval_data=(test_x[..., np.newaxis].astype(np.float32) / 255.0, test_y),
+        train_size=len(train_y),
+    )
+
+
+WORKLOADS: dict[str, Callable[..., Workload]] = {
+    "digits-mlp": digits_mlp,
+    "digits-cnn": digits_cnn,
+    "mnist-mlp": mnist_mlp,
+}

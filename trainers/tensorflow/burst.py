@@ -1,0 +1,267 @@
+"""One TensorFlow trial: apply every knob for real, run the measured burst, evaluate, guard.
+
+Two training loops, as the seeds show both: Keras ``model.fit`` (timed by a callback at
+execution boundaries) and a custom loop under ``@tf.function`` (timed by the shared driver).
+Both use the same schedule, the same window timer and the same guard semantics as PyTorch.
+"""
+from __future__ import annotations
+
+import resource
+import time
+from typing import Any, Callable
+
+import keras
+import numpy as np
+import tensorflow as tf
+
+from trainers.common.errors import InvalidKnobs
+from trainers.common.protocol import BurstRecord, BurstSpec, GuardReading, Schedule, WindowTimer, drive, make_schedule
+from trainers.tensorflow.data import build_pipeline, count_records, describe_pipeline, pipeline_knobs
+from trainers.tensorflow.workload import Workload, load
+
+POLICIES = ("float32", "mixed_bfloat16", "mixed_float16")
+LOOPS = ("fit", "custom")
+
+
+class FirstNonFinite(keras.metrics.Metric):
+    """The first step whose outputs are not finite (-1 while all are), kept on the device:
+    the fit loop's NaN guard, read with the other logs at window boundaries only."""
+
+    def __init__(self, name: str = "first_nonfinite_step") -> None:
+        super().__init__(name=name)
+        self.step = self.add_variable(shape=(), initializer="zeros", dtype="int64", name="step")
+        self.first = self.add_variable(shape=(), initializer=keras.initializers.Constant(-1), dtype="int64",
+                                       name="first")
+
+    def update_state(self, y_true: Any, y_pred: Any, sample_weight: Any = None) -> None:
+        bad = tf.logical_not(tf.reduce_all(tf.math.is_finite(tf.cast(y_pred, tf.float32))))
+        self.first.assign(tf.where(bad & (self.first < 0), self.step, self.first))
+        self.step.assign_add(1)
+
+    def result(self) -> Any:
+        return self.first
+
+    def reset_state(self) -> None:
+        self.step.assign(0)
+        self.first.assign(-1)
+
+
+class _FitTimer(keras.callbacks.Callback):
+    """Feeds Keras' execution boundaries to the shared WindowTimer."""
+
+    def __init__(self, schedule: Schedule) -> None:
+        super().__init__()
+        self.schedule = schedule
+        self.timer = WindowTimer(schedule)
+        self._steps = 0
+        self._loss_mark = (0, 0.0)  # (steps, running mean) at the last boundary
+
+    def on_train_begin(self, logs: dict | None = None) -> None:
+        self.timer.start()
+
+    def on_train_batch_end(self, batch: int, logs: dict | None = None) -> None:
+        steps = batch + 1
+        samples = (steps - self._steps) * self.schedule.batch_size
+        self._steps = steps
+        if not self.timer.passed(steps, samples, lambda: self._reading(steps, logs or {})):
+            self.model.stop_training = True
+
+    def _reading(self, steps: int, logs: dict) -> GuardReading:
+        # Keras' logs are already host values here (it converts them after every execution).
+        mean, first = float(logs.get("loss", float("nan"))), int(logs.get("first_nonfinite_step", -1))
+        prev_steps, prev_mean = self._loss_mark
+        window_mean = (mean * steps - prev_mean * prev_steps) / max(1, steps - prev_steps)
+        self._loss_mark = (steps, mean)
+        finite = first < 0 and bool(np.isfinite(mean))
+        return GuardReading(finite, first if first >= 0 else None, window_mean)
+
+
+def _check(knobs: dict[str, Any], gpu: bool) -> None:
+    if knobs["mixed_precision"] not in POLICIES:
+        raise InvalidKnobs(f"mixed_precision={knobs['mixed_precision']!r}: expected one of {', '.join(POLICIES)}")
+    if knobs["mixed_precision"] == "mixed_float16" and not gpu:
+        raise InvalidKnobs("mixed_precision='mixed_float16' (with loss scaling) needs a GPU; this child has none")
+    if knobs["loop"] not in LOOPS:
+        raise InvalidKnobs(f"loop={knobs['loop']!r}: expected 'fit' or 'custom'")
+
+
+def _optimizer_accumulation(optimizer: keras.optimizers.Optimizer) -> int:
+    inner = getattr(optimizer, "inner_optimizer", optimizer)
+    return int(inner.gradient_accumulation_steps or 1)
+
+
+def _fit(model: keras.Model, workload: Workload, optimizer: Any, ds: tf.data.Dataset, schedule: Schedule,
+         jit: bool) -> tuple[BurstRecord, dict[str, Any]]:
+    model.compile(optimizer=optimizer, loss=workload.loss, metrics=[FirstNonFinite()], jit_compile=jit,
+                  steps_per_execution=schedule.execution_steps)
+    timer = _FitTimer(schedule)
+    model.fit(ds, epochs=1, steps_per_epoch=schedule.total_steps, verbose=0, callbacks=[timer], shuffle=False)
+    return timer.timer.record, {
+        "jit_compile": bool(model.jit_compile),
+        "steps_per_execution": int(model.steps_per_execution),
+        "loss_scale_optimizer": isinstance(model.optimizer, keras.optimizers.LossScaleOptimizer),
+        "accumulation_steps": _optimizer_accumulation(model.optimizer),
+        "amp_skipped_steps": None,
+    }
+
+
+def _custom(model: keras.Model, workload: Workload, optimizer: Any, ds: tf.data.Dataset, schedule: Schedule,
+            jit: bool, policy: str) -> tuple[BurstRecord, dict[str, Any]]:
+    scaled = policy == "mixed_float16"
+    if scaled:
+        optimizer = keras.optimizers.LossScaleOptimizer(optimizer)
+    optimizer.build(model.trainable_variables)
+    loss_fn = keras.losses.get(workload.loss) if isinstance(workload.loss, str) else workload.loss
+    # Guard state lives on the device: updated every step, read only at window boundaries.
+    bad = tf.Variable(False)
+    first_bad = tf.Variable(tf.constant(-1, tf.int64))
+    counter = tf.Variable(tf.constant(0, tf.int64))
+    loss_sum = tf.Variable(0.0)
+    skipped = tf.Variable(tf.constant(0, tf.int64))
+
+    def one_step(x: tf.Tensor, y: tf.Tensor) -> None:
+        with tf.GradientTape() as tape:
+            loss = loss_fn(y, model(x, training=True))
+            scaled_loss = optimizer.scale_loss(loss)
+        grads = tape.gradient(scaled_loss, model.trainable_variables)
+        if scaled:
+            before = tf.identity(optimizer.dynamic_scale)
+        optimizer.apply(grads, model.trainable_variables)
+        if scaled:
+            skipped.assign_add(tf.cast(optimizer.dynamic_scale < before, tf.int64))
+        value = tf.cast(loss, tf.float32)
+        bad_now = tf.logical_not(tf.math.is_finite(value))
+        first_bad.assign(tf.where(bad_now & (first_bad < 0), counter, first_bad))
+        bad.assign(tf.logical_or(bad, bad_now))
+        counter.assign_add(1)
+        loss_sum.assign_add(value)
+
+    step_fn = tf.function(one_step, jit_compile=jit, reduce_retracing=True)
+
+    @tf.function
+    def execute(iterator: Any, count: tf.Tensor) -> None:
+        for _ in tf.range(count):  # steps_per_execution steps per host call
+            x, y = next(iterator)
+            step_fn(x, y)
+
+    state: dict[str, Any] = {"iterator": None, "steps": 0}
+
+    def step(first: int, count: int) -> int:
+        if state["iterator"] is None:  # made here, so pipeline start-up is timed as warm-up
+            state["iterator"] = iter(ds)
+        execute(state["iterator"], tf.constant(count, tf.int64))
+        return count * schedule.batch_size
+
+    def checkpoint() -> GuardReading:
+        steps = int(counter.numpy())  # synchronises
+        mean = float(loss_sum.numpy()) / max(1, steps - state["steps"])
+        state["steps"] = steps
+        loss_sum.assign(0.0)
+        first = int(first_bad.numpy())
+        return GuardReading(not bool(bad.numpy()), first if first >= 0 else None, mean)
+
+    record = drive(schedule, step, checkpoint)
+    return record, {
+        "jit_compile": bool(jit),
+        "steps_per_execution": schedule.execution_steps,
+        "loss_scale_optimizer": scaled,
+        "accumulation_steps": _optimizer_accumulation(optimizer),
+        "amp_skipped_steps": int(skipped.numpy()),
+    }
+
+
+def evaluate(workload: Workload, model: keras.Model) -> float:
+    """Score the held-out split with the trained weights: a float32 twin, no augmentation."""
+    keras.mixed_precision.set_global_policy("float32")
+    twin = workload.build_model()
+    twin.set_weights(model.get_weights())
+    inputs, targets = workload.eval_data
+    outputs = np.concatenate([np.asarray(twin(inputs[i:i + 512], training=False))
+                              for i in range(0, len(inputs), 512)])
+    return float(workload.metric(outputs, np.asarray(targets)))
+
+
+def peak_memory_mb(gpu: bool) -> float:
+    if gpu:
+        return tf.config.experimental.get_memory_info("GPU:0")["peak"] / 2**20
+    return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024  # kB on Linux
+
+
+def _rejected(exc: tf.errors.OpError, knobs: dict[str, Any]) -> InvalidKnobs:
+    chosen = ", ".join(f"{k}={knobs[k]!r}" for k in ("jit_compile", "mixed_precision", "steps_per_execution", "loop"))
+    return InvalidKnobs(f"TensorFlow rejected this combination ({chosen}): {exc.message.splitlines()[0]}")
+
+
+def run(request: dict[str, Any]) -> dict[str, Any]:
+    knobs = dict(request["knobs"])
+    spec = BurstSpec.from_dict(request["burst"])
+    threads = int(knobs.get("intra_op_threads", 0))
+    if threads > 0:
+        tf.config.threading.set_intra_op_parallelism_threads(threads)  # before the runtime starts
+    gpu = bool(tf.config.list_physical_devices("GPU"))
+    _check(knobs, gpu)
+    k, spe = int(knobs["accumulation_steps"]), int(knobs["steps_per_execution"])
+    schedule = make_schedule(spec, int(knobs["batch_size"]), k, spe)
+    policy, jit, loop = knobs["mixed_precision"], bool(knobs["jit_compile"]), knobs["loop"]
+    keras.mixed_precision.set_global_policy(policy)
+    keras.utils.set_random_seed(spec.seed)
+
+    setup_start = time.perf_counter()
+    workload = load(request["workload"], request.get("workload_options"))
+    shuffle_buffer = workload.train_size or count_records(workload.train_files)
+    if shuffle_buffer < schedule.batch_size:
+        raise InvalidKnobs(f"batch_size={schedule.batch_size} is larger than the training set ({shuffle_buffer} samples)")
+    ds = build_pipeline(workload.train_files, workload.parse_fn, workload.augment_fn, knobs, shuffle_buffer, spec.seed)
+    pipeline = describe_pipeline(ds)
+    model = workload.build_model()
+    optimizer = workload.build_optimizer(**({"gradient_accumulation_steps": k} if k > 1 else {}))
+    setup_seconds = time.perf_counter() - setup_start
+
+    try:
+        if loop == "fit":
+            record, applied = _fit(model, workload, optimizer, ds, schedule, jit)
+        else:
+            record, applied = _custom(model, workload, optimizer, ds, schedule, jit, policy)
+    except tf.errors.ResourceExhaustedError as exc:
+        return {"outcome": "oom", "failure": f"out of memory: {exc.message.splitlines()[0]}"}
+    except (tf.errors.InvalidArgumentError, tf.errors.UnimplementedError) as exc:
+        raise _rejected(exc, knobs) from None
+    policy_used = keras.mixed_precision.global_policy().name
+
+    result: dict[str, Any] = {
+        **record.measurement(),
+        "knobs_effective": {
+            **pipeline_knobs(pipeline),
+            "accumulation_steps": applied["accumulation_steps"],
+            "jit_compile": applied["jit_compile"],
+            "mixed_precision": policy_used,
+            "steps_per_execution": applied["steps_per_execution"],
+            "loop": loop,
+            "intra_op_threads": threads and tf.config.threading.get_intra_op_parallelism_threads(),
+        },
+        "setup_seconds": setup_seconds,
+        "effective_batch_size": schedule.batch_size * k,
+        "pipeline": pipeline,
+        "applied": {
+            "device": "gpu" if gpu else "cpu",
+            "policy": policy_used,
+            "loss_scale_optimizer": applied["loss_scale_optimizer"],
+            "jit_compile": applied["jit_compile"],
+            "steps_per_execution": applied["steps_per_execution"],
+            "accumulation_steps": applied["accumulation_steps"],
+            "loop": loop,
+            "intra_op_threads": tf.config.threading.get_intra_op_parallelism_threads(),
+        },
+    }
+    if applied["amp_skipped_steps"] is not None:
+        result["amp_skipped_steps"] = applied["amp_skipped_steps"]
+    if record.nan_step is not None:
+        result.update(outcome="nan",
+                      failure=f"loss became non-finite at step {record.nan_step} of {schedule.total_steps}")
+    else:
+        eval_start = time.perf_counter()
+        result["val_accuracy"] = evaluate(workload, model)
+        result["eval_seconds"] = time.perf_counter() - eval_start
+        result["outcome"] = "ok"
+    result["peak_memory_mb"] = peak_memory_mb(gpu)
+    return result
