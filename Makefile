@@ -1,21 +1,23 @@
-# knobtune: `make demo` runs the PyTorch digits study, `make test` runs the test suite.
-# Both create .venv and install into it. torch is installed only when none is importable, and then
-# as the pinned CPU build (torch==2.13.0): a range would pull a multi-GB CUDA build on a CPU box.
-# On a GPU box whose Python already has a CUDA torch, .venv sees it (--system-site-packages) and
-# keeps it: `make demo PYTHON=/path/to/that/python`.
+# knobtune: `make demo` runs the digits-mlp study in PyTorch and in TensorFlow and compares them;
+# `make test` runs the test suite. Both create .venv and install into it. torch and TensorFlow are
+# installed only when none is importable, and then as the pinned CPU builds (torch==2.13.0,
+# tensorflow-cpu==2.21.0): a torch range would pull a multi-GB CUDA build on a CPU box. On a GPU
+# box whose Python already has CUDA builds, .venv sees them (--system-site-packages) and keeps
+# them: `make demo PYTHON=/path/to/that/python`.
 
 PYTHON ?= python3
 VENV ?= .venv
 PY := $(VENV)/bin/python
 TORCH_CPU := torch==2.13.0
+TF_CPU := tensorflow-cpu==2.21.0
 STAMP := $(VENV)/.knobtune-installed
-STUDY ?= studies/digits-mlp-pytorch.toml
+KNOBTUNE := $(VENV)/bin/knobtune
 
-.PHONY: install demo test test-cuda benchmark dashboard clean
+.PHONY: install demo demo-pytorch demo-tensorflow test test-cuda benchmark dashboard clean
 
 $(PY):
-	@if $(PYTHON) -c "import torch" 2>/dev/null; then \
-		echo "using the torch of $(PYTHON) (--system-site-packages)"; \
+	@if $(PYTHON) -c "import torch" 2>/dev/null || $(PYTHON) -c "import tensorflow" 2>/dev/null; then \
+		echo "using the frameworks of $(PYTHON) (--system-site-packages)"; \
 		$(PYTHON) -m venv --system-site-packages $(VENV); \
 	else \
 		$(PYTHON) -m venv $(VENV); \
@@ -25,13 +27,21 @@ $(STAMP): pyproject.toml | $(PY)
 	$(PY) -m pip install -q --disable-pip-version-check --upgrade pip
 	@$(PY) -c "import torch" 2>/dev/null || { echo "installing $(TORCH_CPU) (CPU build)"; \
 		$(PY) -m pip install -q --disable-pip-version-check $(TORCH_CPU); }
+	@$(PY) -c "import tensorflow" 2>/dev/null || { echo "installing $(TF_CPU)"; \
+		$(PY) -m pip install -q --disable-pip-version-check $(TF_CPU); }
 	$(PY) -m pip install -q --disable-pip-version-check -e '.[test]'
 	@touch $(STAMP)
 
 install: $(STAMP)
 
-demo: install
-	$(VENV)/bin/knobtune run $(STUDY)
+demo: demo-pytorch demo-tensorflow
+	$(KNOBTUNE) compare digits-mlp-pytorch digits-mlp-tensorflow
+
+demo-pytorch: install
+	$(KNOBTUNE) run studies/digits-mlp-pytorch.toml
+
+demo-tensorflow: install
+	$(KNOBTUNE) run studies/digits-mlp-tensorflow.toml
 
 test: install
 	$(PY) -m pytest -q
@@ -41,6 +51,7 @@ test-cuda: install
 
 benchmark: install
 	$(PY) benchmarks/search_vs_grid.py
+	$(PY) benchmarks/frameworks.py
 
 dashboard: install
 	$(VENV)/bin/knobtune dashboard

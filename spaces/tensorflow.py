@@ -31,6 +31,12 @@ def _parallelism(value: Any) -> str | None:
     return f"expected 0 (sequential), a number of parallel calls or {AUTOTUNE!r}, got {value!r}"
 
 
+def _cycle(value: Any) -> str | None:
+    if value == AUTOTUNE or (isinstance(value, int) and not isinstance(value, bool) and value >= 1):
+        return None
+    return f"expected a number of files >= 1 or {AUTOTUNE!r}, got {value!r}"
+
+
 def _parallel_choices(ctx: Context) -> list[Any]:
     cores = _cores(ctx)
     return sorted({0, 1, cores, *[n for n in (2, 4, 8, 16) if n <= cores]}) + [AUTOTUNE]
@@ -71,8 +77,8 @@ KNOBS = (
     Knob("accumulation_steps", int, 1,
          "micro-batches per optimizer step (Keras 3 optimizer gradient_accumulation_steps)",
          choices=lambda ctx: [1, 2, 4], check=_positive),
-    Knob("cycle_length", int, 1, "TFRecord files read at once by interleave",
-         choices=lambda ctx: [1, 2, 4, 8], check=_positive),
+    Knob("cycle_length", object, 1, "TFRecord files read at once by interleave (or 'autotune')",
+         choices=lambda ctx: [1, 2, 4, 8, AUTOTUNE], check=_cycle),
     Knob("interleave_parallel_calls", object, 0, "interleave num_parallel_calls (0 = sequential)",
          choices=_parallel_choices, check=_parallelism),
     Knob("map_parallel_calls", object, 0, "decode/augment map num_parallel_calls (0 = sequential)",

@@ -127,7 +127,8 @@ def build_pipeline(files: Sequence[str], parse_fn: Callable, augment_fn: Callabl
         return {"num_parallel_calls": calls, "deterministic": deterministic} if calls else {}
 
     ds = tf.data.Dataset.from_tensor_slices(list(files))  # the file names, in order
-    ds = ds.interleave(tf.data.TFRecordDataset, cycle_length=int(knobs["cycle_length"]), block_length=1,
+    cycle = tf.data.AUTOTUNE if knobs["cycle_length"] == AUTOTUNE else int(knobs["cycle_length"])
+    ds = ds.interleave(tf.data.TFRecordDataset, cycle_length=cycle, block_length=1,
                        **parallel(_calls(knobs["interleave_parallel_calls"])))
     map_calls = _calls(knobs["map_parallel_calls"])
     ds = ds.map(parse_fn, **parallel(map_calls))
@@ -172,7 +173,7 @@ def pipeline_knobs(description: list[dict[str, Any]]) -> dict[str, Any]:
     prefetch = ops.get("PrefetchDataset")
     return {
         "batch_size": ops.get("BatchDataset", {}).get("batch_size"),
-        "cycle_length": interleave.get("cycle_length"),
+        "cycle_length": calls(interleave.get("cycle_length")),
         "interleave_parallel_calls": calls(interleave.get("num_parallel_calls", 0)),
         "map_parallel_calls": calls(maps[-1].get("num_parallel_calls", 0)) if maps else 0,
         "prefetch": calls(prefetch["buffer_size"]) if prefetch else 0,
