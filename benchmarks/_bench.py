@@ -1,6 +1,7 @@
 """Helpers the benchmark scripts share: measure configurations through the engine's own path."""
 from __future__ import annotations
 
+import argparse
 import os
 import statistics
 import sys
@@ -14,6 +15,47 @@ from search import definition  # noqa: E402
 from search.objective import Plan, Report, measure  # noqa: E402
 from search.probe import probe  # noqa: E402
 from spaces import for_framework  # noqa: E402
+
+
+STUDY_HEAD = """
+[study]
+name = "{name}"
+framework = "{framework}"
+workload = "digits-mlp"
+trials = {trials}
+seed = {seed}
+
+[burst]
+train_samples = 16000
+warmup_samples = 1000
+windows = 5
+timeout_s = 300
+
+[baseline]
+batch_size = 64
+
+[space]
+"""
+
+
+def study_text(name: str, framework: str, trials: int, seed: int, space: str) -> str:
+    """A digits-mlp study file: the benchmarks' common burst and baseline, then ``space`` lines."""
+    return STUDY_HEAD.format(name=name, framework=framework, trials=trials, seed=seed) + space
+
+
+def run_study(text: str, url: str) -> tuple[Any, float]:
+    """Run the study in ``text`` on storage ``url`` (its trial lines to stdout); the study, wall s."""
+    import io
+    import time
+
+    import optuna
+
+    from search import study as study_mod
+
+    d = definition.parse(text, default_name="benchmark")
+    start = time.monotonic()
+    study_mod.run(d, storage_url=url, out=io.StringIO(), err=sys.stdout)
+    return optuna.load_study(study_name=d.study.name, storage=url), time.monotonic() - start
 
 
 def plan_for(study_text: str) -> Plan:
@@ -36,15 +78,25 @@ def run_params(plan: Plan, params: dict[str, Any], label: str = "") -> Report:
     return report
 
 
-def interleaved(plan: Plan, configs: dict[str, dict[str, Any]], repeats: int) -> dict[str, list[float]]:
-    """Re-measure each named config ``repeats`` times, interleaved (A B C A B C ...)."""
+def interleaved(configs: dict[str, tuple[Plan, dict[str, Any]]], repeats: int) -> dict[str, list[float]]:
+    """Re-measure each named (plan, params) ``repeats`` times, interleaved (A B C A B C ...), so
+    that drift of the machine hits every config alike."""
     rates: dict[str, list[float]] = {name: [] for name in configs}
     for r in range(repeats):
-        for name, params in configs.items():
+        for name, (plan, params) in configs.items():
             report = run_params(plan, params, f"{name}[{r}]")
             if report.samples_per_second:
                 rates[name].append(report.samples_per_second)
     return rates
+
+
+def arguments(doc: str, trials: int) -> argparse.Namespace:
+    """--trials, --repeats and --seed, the options every benchmark takes."""
+    parser = argparse.ArgumentParser(description=doc, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--trials", type=int, default=trials, help=f"trials per search (default {trials})")
+    parser.add_argument("--repeats", type=int, default=3, help="side-by-side repeats of each config (default 3)")
+    parser.add_argument("--seed", type=int, default=0, help="sampler seed (default 0)")
+    return parser.parse_args()
 
 
 def median(values: Iterable[float]) -> float:

@@ -11,33 +11,13 @@ minus the burst's own time) as a fraction of the trial. Not a test: numbers vary
 """
 from __future__ import annotations
 
-import argparse
-import io
 import sys
 import tempfile
-import time
 from pathlib import Path
 
-from _bench import interleaved, median, plan_for, run_params
+from _bench import arguments, interleaved, median, plan_for, run_params, run_study, study_text
 
-STUDY = """
-[study]
-name = "bench-digits-mlp"
-framework = "pytorch"
-workload = "digits-mlp"
-trials = {trials}
-seed = {seed}
-
-[burst]
-train_samples = 16000
-warmup_samples = 1000
-windows = 5
-timeout_s = 300
-
-[baseline]
-batch_size = 64
-
-[space]
+SPACE = """
 batch_size = [32, 64, 128, 256]
 num_workers = [0, 1, 2]
 amp = ["off", "bf16"]
@@ -50,12 +30,8 @@ persistent_workers = [true]
 
 
 def main() -> int:
-    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--trials", type=int, default=20)
-    parser.add_argument("--repeats", type=int, default=3)
-    parser.add_argument("--seed", type=int, default=0)
-    args = parser.parse_args()
-    text = STUDY.format(trials=args.trials, seed=args.seed)
+    args = arguments(__doc__, trials=20)
+    text = study_text("bench-digits-mlp", "pytorch", args.trials, args.seed, SPACE)
     plan = plan_for(text)
     space, offer, guard = plan.space, plan.offer, plan.definition.guard.max_accuracy_drop
 
@@ -69,16 +45,10 @@ def main() -> int:
     grid_best_params, grid_best = max(feasible, key=lambda pr: pr[1].samples_per_second or 0)
 
     print(f"\n2. knobtune search, {args.trials} trials", flush=True)
-    from search import definition, results, study as study_mod
+    from search import results
 
     with tempfile.TemporaryDirectory() as tmp:
-        url = f"sqlite:///{Path(tmp) / 'bench.db'}"
-        start = time.monotonic()
-        study_mod.run(definition.parse(text, default_name="bench"), storage_url=url, out=io.StringIO(), err=sys.stdout)
-        search_wall = time.monotonic() - start
-        import optuna
-
-        study = optuna.load_study(study_name="bench-digits-mlp", storage=url)
+        study, search_wall = run_study(text, f"sqlite:///{Path(tmp) / 'bench.db'}")
         best = results.best(study)
         done = results.finished(study)
         trial_s = sum(t.user_attrs.get("trial_seconds", 0) for t in done)
@@ -87,8 +57,8 @@ def main() -> int:
         search_rank = 1 + sum(1 for _, r in feasible if (r.samples_per_second or 0) > best.user_attrs["samples_per_second"])
 
     print(f"\n3. side by side, interleaved, {args.repeats} repeats", flush=True)
-    rates = interleaved(plan, {"baseline": baseline_params, "grid-best": grid_best_params,
-                               "search-best": search_best_params}, args.repeats)
+    rates = interleaved({"baseline": (plan, baseline_params), "grid-best": (plan, grid_best_params),
+                         "search-best": (plan, search_best_params)}, args.repeats)
     b, g, s = (median(rates[k]) for k in ("baseline", "grid-best", "search-best"))
 
     print("\n=== search vs grid on digits-mlp (pytorch), this machine ===")

@@ -35,12 +35,32 @@ class ChildResult:
     output_tail: str = ""
 
 
-def kill_group(pgid: int) -> None:
-    """SIGKILL every process left in the group (no-op when it is already gone)."""
-    try:
-        os.killpg(pgid, signal.SIGKILL)
-    except (ProcessLookupError, PermissionError):
-        pass
+def group_members(pgid: int) -> list[int]:
+    """Live (non-zombie) processes of the process group ``pgid``."""
+    import psutil
+
+    alive = []
+    for proc in psutil.process_iter(["status"]):
+        try:
+            if os.getpgid(proc.pid) == pgid and proc.info["status"] != psutil.STATUS_ZOMBIE:
+                alive.append(proc.pid)
+        except (ProcessLookupError, PermissionError, psutil.Error):
+            pass
+    return alive
+
+
+def kill_group(pgid: int, wait_s: float = 10.0) -> None:
+    """SIGKILL every process left in the group and wait until the kernel has torn them down, so
+    the next trial never shares the machine with the remains of this one."""
+    deadline = time.monotonic() + wait_s
+    while True:
+        try:
+            os.killpg(pgid, signal.SIGKILL)
+        except (ProcessLookupError, PermissionError):
+            return
+        if not group_members(pgid) or time.monotonic() > deadline:
+            return
+        time.sleep(0.05)
 
 
 def _die_with_parent() -> None:

@@ -127,6 +127,7 @@ class Space:
         choices: dict[str, list[Any]] = {}
         unavailable: dict[str, str] = {}
         dropped: dict[str, list[str]] = {}
+        base_values = self.defaults(ctx, baseline)
         for knob in self.knobs:
             why = knob.unavailable(ctx)
             if why:
@@ -140,7 +141,7 @@ class Space:
                     dropped.setdefault(knob.name, []).append(f"{value!r}: {problem}")
                 elif value not in kept:
                     kept.append(value)
-            base = baseline.get(knob.name, knob.default_for(ctx))
+            base = base_values[knob.name]
             if base not in kept and knob.value_unavailable(base, ctx) is None:
                 kept.append(base)
             if knob.kind in (int, float):
@@ -219,3 +220,55 @@ class Space:
             if key not in seen:
                 seen.add(key)
                 yield values
+
+
+# Helpers both frameworks' spaces build their knobs from.
+
+def hardware(ctx: Context) -> Mapping[str, Any]:
+    return ctx.get("hardware", {})
+
+
+def usable_cores(ctx: Context) -> int:
+    return int(hardware(ctx).get("usable_cores", 1))
+
+
+def positive(value: Any) -> str | None:
+    return None if value >= 1 else f"must be >= 1, got {value}"
+
+
+def one_of(*allowed: str) -> Callable[[Any], str | None]:
+    def check(value: Any) -> str | None:
+        return None if value in allowed else f"expected one of {', '.join(map(repr, allowed))}, got {value!r}"
+
+    return check
+
+
+def core_counts(ctx: Context, start: int = 0) -> list[int]:
+    """start, 1, 2, 4, 8, ... up to the usable cores, and the usable cores themselves."""
+    cores = usable_cores(ctx)
+    return sorted({start, 1, cores, *[n for n in (2, 4, 8, 16, 32) if n <= cores]})
+
+
+def fits_cores(what: str) -> Callable[[Any, Context], str | None]:
+    def check(value: Any, ctx: Context) -> str | None:
+        cores = usable_cores(ctx)
+        return None if value <= cores else f"more {what} than the {cores} cores this process may use"
+
+    return check
+
+
+def batch_size_knob() -> Knob:
+    return Knob("batch_size", int, 64, "samples per micro-batch",
+                choices=lambda ctx: [32, 64, 128, 256, 512], check=positive)
+
+
+def accumulation_knob(how: str) -> Knob:
+    return Knob("accumulation_steps", int, 1,
+                f"micro-batches per optimizer step (effective batch = batch_size x accumulation_steps; {how})",
+                choices=lambda ctx: [1, 2, 4], check=positive)
+
+
+def threads_knob(how: str, default_name: str) -> Knob:
+    return Knob("intra_op_threads", int, 0, f"{how} (0 = {default_name}'s default)",
+                choices=core_counts, value_unavailable=fits_cores("threads"),
+                check=lambda v: None if v >= 0 else f"must be >= 0 (0 = {default_name}'s default), got {v}")

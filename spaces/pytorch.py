@@ -3,41 +3,15 @@ from __future__ import annotations
 
 from typing import Any, Mapping
 
-from spaces.knobs import Context, Knob, Space
+from spaces.knobs import (Context, Knob, Space, accumulation_knob, batch_size_knob, core_counts, fits_cores,
+                          hardware, one_of, positive, threads_knob)
 
 NEEDS_CUDA = "needs CUDA; this machine has no CUDA device"
-
-
-def _hw(ctx: Context) -> Mapping[str, Any]:
-    return ctx.get("hardware", {})
+_hw = hardware
 
 
 def _no_cuda(ctx: Context) -> str | None:
     return None if _hw(ctx).get("cuda") else NEEDS_CUDA
-
-
-def _positive(value: Any) -> str | None:
-    return None if value >= 1 else f"must be >= 1, got {value}"
-
-
-def _worker_choices(ctx: Context) -> list[int]:
-    cores = int(_hw(ctx).get("usable_cores", 1))
-    return sorted({0, cores, *[n for n in (1, 2, 4, 8, 16, 32) if n <= cores]})
-
-
-def _workers_fit(value: Any, ctx: Context) -> str | None:
-    cores = int(_hw(ctx).get("usable_cores", 1))
-    return None if value <= cores else f"more workers than the {cores} cores this process may use"
-
-
-def _thread_choices(ctx: Context) -> list[int]:
-    cores = int(_hw(ctx).get("usable_cores", 1))
-    return sorted({0, 1, cores, *[n for n in (2, 4, 8, 16) if n <= cores]})
-
-
-def _threads_fit(value: Any, ctx: Context) -> str | None:
-    cores = int(_hw(ctx).get("usable_cores", 1))
-    return None if value <= cores else f"more threads than the {cores} cores this process may use"
 
 
 def _needs_workers(values: Mapping[str, Any]) -> str | None:
@@ -74,38 +48,26 @@ def _no_conv(ctx: Context) -> str | None:
     return None if ctx.get("workload", {}).get("conv") else "the model has no convolutions"
 
 
-def _one_of(*allowed: str):
-    def check(value: Any) -> str | None:
-        return None if value in allowed else f"expected one of {', '.join(map(repr, allowed))}, got {value!r}"
-
-    return check
-
-
 KNOBS = (
-    Knob("batch_size", int, 64, "samples per micro-batch",
-         choices=lambda ctx: [32, 64, 128, 256, 512], check=_positive),
-    Knob("accumulation_steps", int, 1,
-         "micro-batches per optimizer step (effective batch = batch_size x accumulation_steps)",
-         choices=lambda ctx: [1, 2, 4], check=_positive),
+    batch_size_knob(),
+    accumulation_knob("the loss is divided by accumulation_steps"),
     Knob("num_workers", int, 0, "DataLoader worker processes",
-         choices=_worker_choices, value_unavailable=_workers_fit,
+         choices=core_counts, value_unavailable=fits_cores("workers"),
          check=lambda v: None if v >= 0 else f"must be >= 0, got {v}"),
     Knob("prefetch_factor", int, 2, "batches each worker loads ahead",
-         choices=lambda ctx: [2, 4, 8], inactive=_needs_workers, check=_positive),
+         choices=lambda ctx: [2, 4, 8], inactive=_needs_workers, check=positive),
     Knob("persistent_workers", bool, False, "keep workers alive between epochs",
          choices=lambda ctx: [False, True], inactive=_needs_workers),
     # Not in the seeds, but on a small CPU box it decides whether workers help at all: torch's
     # intra-op threads spin while waiting and take the cores the DataLoader workers need.
-    Knob("intra_op_threads", int, 0, "torch.set_num_threads in the training process (0 = torch's default)",
-         choices=_thread_choices, value_unavailable=_threads_fit,
-         check=lambda v: None if v >= 0 else f"must be >= 0 (0 = torch's default), got {v}"),
+    threads_knob("torch.set_num_threads in the training process", "torch"),
     Knob("pin_memory", bool, False, "page-locked host batches for faster host-to-device copies",
          choices=lambda ctx: [False, True], unavailable=_no_cuda),
     Knob("amp", str, "off", "autocast: off, bf16, or fp16 with GradScaler",
-         choices=_amp_choices, value_unavailable=_amp_value, check=_one_of("off", "bf16", "fp16")),
+         choices=_amp_choices, value_unavailable=_amp_value, check=one_of("off", "bf16", "fp16")),
     Knob("compile", str, "off", "torch.compile mode",
          choices=_compile_choices, value_unavailable=_compile_value,
-         check=_one_of("off", "default", "reduce-overhead", "max-autotune")),
+         check=one_of("off", "default", "reduce-overhead", "max-autotune")),
     Knob("channels_last", bool, False, "NHWC memory format for conv nets",
          choices=lambda ctx: [False, True], unavailable=_no_conv),
     Knob("cudnn_benchmark", bool, False, "torch.backends.cudnn.benchmark (autotune conv algorithms)",

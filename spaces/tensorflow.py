@@ -5,24 +5,13 @@ Parallelism knobs take a number or "autotune" (tf.data.AUTOTUNE); 0 means sequen
 """
 from __future__ import annotations
 
-from typing import Any, Mapping
+from typing import Any
 
-from spaces.knobs import Context, Knob, Space
+from spaces.knobs import (Context, Knob, Space, accumulation_knob, batch_size_knob, core_counts, hardware, one_of,
+                          positive, threads_knob)
 
 AUTOTUNE = "autotune"
-NEEDS_GPU = "needs a GPU; this machine has none"
-
-
-def _hw(ctx: Context) -> Mapping[str, Any]:
-    return ctx.get("hardware", {})
-
-
-def _cores(ctx: Context) -> int:
-    return int(_hw(ctx).get("usable_cores", 1))
-
-
-def _positive(value: Any) -> str | None:
-    return None if value >= 1 else f"must be >= 1, got {value}"
+_hw = hardware
 
 
 def _parallelism(value: Any) -> str | None:
@@ -38,8 +27,7 @@ def _cycle(value: Any) -> str | None:
 
 
 def _parallel_choices(ctx: Context) -> list[Any]:
-    cores = _cores(ctx)
-    return sorted({0, 1, cores, *[n for n in (2, 4, 8, 16) if n <= cores]}) + [AUTOTUNE]
+    return core_counts(ctx) + [AUTOTUNE]
 
 
 def _precision_choices(ctx: Context) -> list[str]:
@@ -55,28 +43,9 @@ def _precision_value(value: Any, ctx: Context) -> str | None:
     return None
 
 
-def _thread_choices(ctx: Context) -> list[int]:
-    cores = _cores(ctx)
-    return sorted({0, 1, cores, *[n for n in (2, 4, 8, 16) if n <= cores]})
-
-
-def _threads_fit(value: Any, ctx: Context) -> str | None:
-    return None if value <= _cores(ctx) else f"more threads than the {_cores(ctx)} cores this process may use"
-
-
-def _one_of(*allowed: str):
-    def check(value: Any) -> str | None:
-        return None if value in allowed else f"expected one of {', '.join(map(repr, allowed))}, got {value!r}"
-
-    return check
-
-
 KNOBS = (
-    Knob("batch_size", int, 64, "samples per micro-batch",
-         choices=lambda ctx: [32, 64, 128, 256, 512], check=_positive),
-    Knob("accumulation_steps", int, 1,
-         "micro-batches per optimizer step (Keras 3 optimizer gradient_accumulation_steps)",
-         choices=lambda ctx: [1, 2, 4], check=_positive),
+    batch_size_knob(),
+    accumulation_knob("Keras 3 optimizer gradient_accumulation_steps"),
     Knob("cycle_length", object, 1, "TFRecord files read at once by interleave (or 'autotune')",
          choices=lambda ctx: [1, 2, 4, 8, AUTOTUNE], check=_cycle),
     Knob("interleave_parallel_calls", object, 0, "interleave num_parallel_calls (0 = sequential)",
@@ -93,14 +62,12 @@ KNOBS = (
          choices=lambda ctx: [False, True], default_in=lambda ctx: bool(_hw(ctx).get("gpu"))),
     Knob("mixed_precision", str, "float32", "Keras dtype policy; mixed_float16 adds a LossScaleOptimizer",
          choices=_precision_choices, value_unavailable=_precision_value,
-         check=_one_of("float32", "mixed_bfloat16", "mixed_float16")),
+         check=one_of("float32", "mixed_bfloat16", "mixed_float16")),
     Knob("steps_per_execution", int, 1, "train steps per host call",
-         choices=lambda ctx: [1, 2, 4, 8, 16], check=_positive),
+         choices=lambda ctx: [1, 2, 4, 8, 16], check=positive),
     Knob("loop", str, "fit", "Keras model.fit, or a custom loop under @tf.function",
-         choices=lambda ctx: ["fit", "custom"], check=_one_of("fit", "custom")),
-    Knob("intra_op_threads", int, 0, "tf.config.threading intra-op threads (0 = TensorFlow's default)",
-         choices=_thread_choices, value_unavailable=_threads_fit,
-         check=lambda v: None if v >= 0 else f"must be >= 0 (0 = TensorFlow's default), got {v}"),
+         choices=lambda ctx: ["fit", "custom"], check=one_of("fit", "custom")),
+    threads_knob("tf.config.threading intra-op threads", "TensorFlow"),
 )
 
 

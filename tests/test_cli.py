@@ -16,6 +16,7 @@ import psutil
 import pytest
 
 from conftest import TINY_BURST, knobtune, study_file
+from search.runner import group_members
 
 STUDY = """
 [study]
@@ -163,17 +164,6 @@ def test_resume_continues_to_the_requested_trials(tmp_path: Path):
     assert "different definition" in proc.stderr and "train_samples: 640 -> 960" in proc.stderr
 
 
-def _group_alive(pgid: int) -> list[int]:
-    alive = []
-    for p in psutil.process_iter(["pid", "status"]):
-        try:
-            if os.getpgid(p.pid) == pgid and p.info["status"] != psutil.STATUS_ZOMBIE:
-                alive.append(p.pid)
-        except (ProcessLookupError, PermissionError):
-            pass
-    return alive
-
-
 def test_ctrl_c_stops_cleanly_and_keeps_finished_trials(tmp_path: Path):
     body = STUDY.format(burst=TINY_BURST.replace("timeout_s = 120", "timeout_s = 600"))
     path = study_file(tmp_path, body.replace("trials = 3", "trials = 6"))
@@ -203,7 +193,7 @@ def test_ctrl_c_stops_cleanly_and_keeps_finished_trials(tmp_path: Path):
             proc.kill()
     assert proc.returncode == 130, err
     assert "interrupted" in err and "Traceback" not in err
-    assert _group_alive(child_pgid) == []
+    assert group_members(child_pgid) == []
     study = optuna.load_study(study_name="tiny", storage=storage)
     done = [t for t in study.trials if t.state == optuna.trial.TrialState.COMPLETE]
     assert done and all(t.user_attrs["outcome"] == "ok" for t in done)
@@ -308,9 +298,9 @@ def test_a_killed_run_leaves_no_trial_running_and_resumes(tmp_path: Path):
     proc.kill()  # SIGKILL: no cleanup code in knobtune runs
     proc.wait()
     deadline = time.monotonic() + 30
-    while time.monotonic() < deadline and _group_alive(pgid):
+    while time.monotonic() < deadline and group_members(pgid):
         time.sleep(0.5)
-    assert _group_alive(pgid) == []
+    assert group_members(pgid) == []
     # the trial it left RUNNING is marked failed on resume, and the study goes on
     proc2 = knobtune("run", str(path), "--trials", "1", cwd=tmp_path, check=0)
     assert "marked 1 trial(s) left running by an earlier run as failed" in proc2.stderr

@@ -93,3 +93,10 @@ def test_grid_and_random_params_respect_conditions():
     for _ in range(50):
         params = SPACE.random_params(offer, rng)
         assert ("prefetch_factor" in params) == (params["num_workers"] > 0)
+
+
+def test_the_workloads_own_batch_size_is_the_baseline_not_the_knob_default():
+    ctx = {**CPU, "workload": {"batch_size": 32, "conv": False}}
+    offer = SPACE.offer(ctx, {"batch_size": [16, 32]}, {})
+    assert offer.choices["batch_size"] == [16, 32]
+    assert SPACE.baseline_params(offer, ctx, {})["batch_size"] == 32

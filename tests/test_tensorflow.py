@@ -126,7 +126,7 @@ def test_a_tensorflow_study_through_the_cli(tmp_path: Path):
     assert "baseline" in proc.stdout and "knobtune export tiny-tf" in proc.stdout
     study = optuna.load_study(study_name="tiny-tf", storage=f"sqlite:///{tmp_path / 'knobtune.db'}")
     done = [t for t in study.trials if t.user_attrs.get("outcome")]
-    assert len(done) == 3 and all(t.user_attrs["outcome"] == "ok" for t in done)
+    assert len(done) == 3 and all(t.user_attrs["outcome"] == "ok" for t in done), [(t.params, t.user_attrs.get("failure")) for t in done]
     assert done[0].user_attrs["is_baseline"] and done[0].params["prefetch"] == 0
     assert done[1].user_attrs["source"] == "advice" and done[1].params["map_parallel_calls"] == "autotune"
     assert study.user_attrs["fingerprint"]["tensorflow"].startswith("2.")

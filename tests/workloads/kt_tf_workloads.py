@@ -4,7 +4,6 @@ from __future__ import annotations
 from pathlib import Path
 
 import keras
-import numpy as np
 import tensorflow as tf
 
 from trainers.common import digits

@@ -37,6 +37,19 @@ def write_json(path: Path, data: dict[str, Any]) -> None:
     os.replace(tmp, path)
 
 
+def probe_handler(fingerprint: Callable[[], dict[str, Any]],
+                  describe: Callable[[dict[str, Any]], dict[str, Any]]) -> Handler:
+    """The ``probe`` command: the fingerprint, and the workload described when one is named."""
+
+    def probe(request: dict[str, Any]) -> dict[str, Any]:
+        result: dict[str, Any] = {"outcome": "ok", "fingerprint": fingerprint()}
+        if request.get("workload"):
+            result["workload"] = describe(request)
+        return result
+
+    return probe
+
+
 def main(framework: str, handlers: dict[str, Handler], argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog=f"python -m trainers.{framework}")
     parser.add_argument("command", choices=sorted(handlers))

@@ -27,6 +27,18 @@ def import_factory(spec: str) -> Callable[..., Any]:
     return factory
 
 
+def resolve(name: str, builtins: dict[str, Callable[..., Any]], framework: str) -> Callable[..., Any]:
+    """The factory of the built-in ``name``, or of the user's ``package.module:factory``."""
+    if name in builtins:
+        return builtins[name]
+    if ":" in name:
+        return import_factory(name)
+    raise WorkloadError(
+        f"unknown {framework} workload {name!r}: expected one of {', '.join(sorted(builtins))} "
+        f"or 'package.module:factory'"
+    )
+
+
 def call_factory(factory: Callable[..., Any], label: str, options: dict[str, Any], expected: type,
                  expected_name: str) -> Any:
     """Call ``factory(**options)`` and check it returned an ``expected`` instance."""

@@ -67,6 +67,16 @@ def load_split(directory: str | Path, split: str) -> tuple[np.ndarray, np.ndarra
     return images, labels
 
 
+def load_train_test(directory: str | Path, limit: int | None = None
+                    ) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
+    """MNIST's train split (its first ``limit`` samples when given) and its t10k split."""
+    train_x, train_y = load_split(directory, "train")
+    test_x, test_y = load_split(directory, "test")
+    if limit is not None:
+        train_x, train_y = train_x[:limit], train_y[:limit]
+    return train_x, train_y, test_x, test_y
+
+
 def write_split(directory: str | Path, split: str, images: np.ndarray, labels: np.ndarray) -> None:
     """Write idx files (used by tests and by users converting their own data)."""
     directory = Path(directory)

@@ -31,10 +31,7 @@ def digits_cnn() -> Workload:
 
 def mnist_mlp(data_dir: str, limit: int | None = None) -> Workload:
     """The MLP on real MNIST idx files in ``data_dir`` (train-* for training, t10k-* held out)."""
-    train_x, train_y = idx.load_split(data_dir, "train")
-    test_x, test_y = idx.load_split(data_dir, "test")
-    if limit is not None:
-        train_x, train_y = train_x[:limit], train_y[:limit]
+    train_x, train_y, test_x, test_y = idx.load_train_test(data_dir, limit)
     return Workload(
         name="mnist-mlp",
         build_model=models.mlp,

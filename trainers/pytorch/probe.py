@@ -5,6 +5,7 @@ from typing import Any
 
 import torch
 
+from trainers.common.child import probe_handler
 from trainers.pytorch import env
 from trainers.pytorch.workload import load
 
@@ -25,8 +26,4 @@ def describe(request: dict[str, Any]) -> dict[str, Any]:
     }
 
 
-def run(request: dict[str, Any]) -> dict[str, Any]:
-    result: dict[str, Any] = {"outcome": "ok", "fingerprint": env.fingerprint()}
-    if request.get("workload"):
-        result["workload"] = describe(request)
-    return result
+run = probe_handler(env.fingerprint, describe)

@@ -8,8 +8,7 @@ import torch
 from torch import nn
 from torch.utils.data import Dataset
 
-from trainers.common.errors import WorkloadError
-from trainers.common.factory import call_factory, import_factory
+from trainers.common.factory import call_factory, resolve
 
 
 def accuracy(outputs: torch.Tensor, targets: torch.Tensor) -> float:
@@ -53,14 +52,5 @@ def _builtins() -> dict[str, Callable[..., Workload]]:
 
 def load(name: str, options: dict[str, Any] | None = None) -> Workload:
     """Build the workload called ``name``: a built-in, or ``package.module:factory``."""
-    builtins = _builtins()
-    if name in builtins:
-        factory = builtins[name]
-    elif ":" in name:
-        factory = import_factory(name)
-    else:
-        raise WorkloadError(
-            f"unknown pytorch workload {name!r}: expected one of {', '.join(sorted(builtins))} "
-            f"or 'package.module:factory'"
-        )
+    factory = resolve(name, _builtins(), "pytorch")
     return call_factory(factory, name, options or {}, Workload, "trainers.pytorch.Workload")

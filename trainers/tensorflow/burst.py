@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import resource
 import time
-from typing import Any, Callable
+from typing import Any
 
 import keras
 import numpy as np

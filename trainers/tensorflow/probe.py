@@ -3,6 +3,7 @@ from __future__ import annotations
 
 from typing import Any
 
+from trainers.common.child import probe_handler
 from trainers.tensorflow import env
 from trainers.tensorflow.data import count_records
 from trainers.tensorflow.workload import load
@@ -25,8 +26,4 @@ def describe(request: dict[str, Any]) -> dict[str, Any]:
     }
 
 
-def run(request: dict[str, Any]) -> dict[str, Any]:
-    result: dict[str, Any] = {"outcome": "ok", "fingerprint": env.fingerprint()}
-    if request.get("workload"):
-        result["workload"] = describe(request)
-    return result
+run = probe_handler(env.fingerprint, describe)

@@ -9,7 +9,7 @@ import numpy as np
 import tensorflow as tf
 
 from trainers.common.errors import WorkloadError
-from trainers.common.factory import call_factory, import_factory
+from trainers.common.factory import call_factory, resolve
 
 
 def accuracy(outputs: np.ndarray, targets: np.ndarray) -> float:
@@ -61,16 +61,7 @@ def _builtins() -> dict[str, Callable[..., Workload]]:
 
 def load(name: str, options: dict[str, Any] | None = None) -> Workload:
     """Build the workload called ``name``: a built-in, or ``package.module:factory``."""
-    builtins = _builtins()
-    if name in builtins:
-        factory = builtins[name]
-    elif ":" in name:
-        factory = import_factory(name)
-    else:
-        raise WorkloadError(
-            f"unknown tensorflow workload {name!r}: expected one of {', '.join(sorted(builtins))} "
-            f"or 'package.module:factory'"
-        )
+    factory = resolve(name, _builtins(), "tensorflow")
     workload = call_factory(factory, name, options or {}, Workload, "trainers.tensorflow.Workload")
     missing = [f for f in workload.train_files if not tf.io.gfile.exists(f)]
     if missing:
