@@ -164,7 +164,6 @@ def run(request: dict[str, Any]) -> dict[str, Any]:
             inputs = inputs.contiguous(memory_format=torch.channels_last)
         if mark_step:
             torch.compiler.cudagraph_mark_step_begin()
-        model.train()
         with autocast:
             loss = workload.loss_fn(step_model(inputs), targets)
         value = loss.detach().float()
@@ -198,6 +197,7 @@ def run(request: dict[str, Any]) -> dict[str, Any]:
 
     if device.type == "cuda":
         torch.cuda.reset_peak_memory_stats(device)
+    model.train()
     try:
         record = drive(schedule, step, checkpoint)
     except (torch.OutOfMemoryError, MemoryError) as exc:
