@@ -9,11 +9,12 @@ windows' coefficient of variation.
 """
 from __future__ import annotations
 
+import json
 import math
 import statistics
 import time
 from dataclasses import dataclass, field
-from typing import Callable
+from typing import Any, Callable
 
 from trainers.common.errors import InvalidKnobs
 
@@ -55,6 +56,8 @@ class Schedule:
 def make_schedule(spec: BurstSpec, batch_size: int, accumulation_steps: int = 1,
                   execution_steps: int = 1) -> Schedule:
     """Cut a burst into warm-up and windows, counted in micro-batches of ``batch_size``.
+
+    (In time-to-accuracy mode the engine asks for one window per evaluation interval.)
 
     Warm-up ends on an optimizer step and an execution boundary; windows are whole executions,
     and whole optimizer steps when they are long enough. Raises InvalidKnobs when the burst is
@@ -103,6 +106,11 @@ class BurstRecord:
     samples_done: int = 0
     nan_step: int | None = None
     final_loss: float | None = None
+    evaluations: list[dict[str, float]] = field(default_factory=list)  # time-to-accuracy checkpoints
+    target_reached: bool | None = None
+
+    def training_seconds(self) -> float:
+        return self.warmup_seconds + sum(t for _, t in self.windows)
 
     def measurement(self) -> dict[str, object]:
         rates = [samples / seconds for samples, seconds in self.windows if seconds > 0]
@@ -123,7 +131,45 @@ class BurstRecord:
             out["samples_per_second_cv"] = statistics.pstdev(rates) / mean if len(rates) > 1 else 0.0
         if self.nan_step is not None:
             out["nan_step"] = self.nan_step
+        if self.target_reached is not None:
+            out["evaluations"] = self.evaluations
+            out["target_reached"] = self.target_reached
+            if self.target_reached:
+                out["time_to_accuracy"] = self.evaluations[-1]["training_seconds"]
         return out
+
+
+@dataclass
+class Hooks:
+    """Optional work at window boundaries, outside the timed windows.
+
+    ``progress(segment)`` sees each stamped segment (the parent's pruning reads these);
+    ``evaluate()`` scores the held-out split after each window, and the burst stops once it
+    reaches ``target`` (time-to-accuracy mode).
+    """
+
+    progress: Callable[[dict[str, Any]], None] | None = None
+    evaluate: Callable[[], float] | None = None
+    target: float | None = None
+
+
+def progress_writer(path: str | None) -> Callable[[dict[str, Any]], None] | None:
+    """Append each segment as a JSON line to ``path`` (read by the parent while the child runs)."""
+    if not path:
+        return None
+
+    def write(segment: dict[str, Any]) -> None:
+        with open(path, "a") as f:
+            f.write(json.dumps(segment) + "\n")
+
+    return write
+
+
+def hooks_from(request: dict[str, Any], evaluate: Callable[[], float]) -> Hooks:
+    """The hooks a burst request asks for: progress lines, and evaluation toward a target."""
+    target = request.get("target_accuracy")
+    return Hooks(progress=progress_writer(request.get("progress_path")),
+                 evaluate=evaluate if target is not None else None, target=target)
 
 
 class WindowTimer:
@@ -135,9 +181,13 @@ class WindowTimer:
     burst must stop (a non-finite loss).
     """
 
-    def __init__(self, schedule: Schedule, clock: Callable[[], float] = time.perf_counter) -> None:
+    def __init__(self, schedule: Schedule, clock: Callable[[], float] = time.perf_counter,
+                 hooks: Hooks | None = None) -> None:
         self.schedule, self.clock = schedule, clock
+        self.hooks = hooks or Hooks()
         self.record = BurstRecord()
+        if self.hooks.evaluate is not None:
+            self.record.target_reached = False
         self._next = 0
         self._skip_empty()
         self._segment_samples = 0
@@ -162,20 +212,33 @@ class WindowTimer:
             return True
         guard = reading()  # synchronises the device
         now = self.clock()
-        if self._next == 0 and self.schedule.warmup_steps > 0:
-            self.record.warmup_seconds = now - self._t0
+        warmup = self._next == 0 and self.schedule.warmup_steps > 0
+        seconds = now - self._t0
+        if warmup:
+            self.record.warmup_seconds = seconds
             self.record.warmup_samples = self._segment_samples
         else:
-            self.record.windows.append((self._segment_samples, now - self._t0))
+            self.record.windows.append((self._segment_samples, seconds))
         self.record.samples_done += self._segment_samples
         self.record.final_loss = guard.mean_loss
-        self._segment_samples = 0
         self._next += 1
-        self._t0 = self.clock()
+        go_on = guard.finite
         if not guard.finite:
             self.record.nan_step = guard.first_bad_step if guard.first_bad_step is not None else steps_done - 1
-            return False
-        return True
+        if self.hooks.progress:
+            self.hooks.progress({"warmup": warmup, "samples": self._segment_samples, "seconds": seconds,
+                                 "rate": self._segment_samples / seconds if seconds > 0 else None,
+                                 "steps": steps_done})
+        if go_on and not warmup and self.hooks.evaluate is not None:
+            accuracy = float(self.hooks.evaluate())
+            self.record.evaluations.append({"samples": self.record.samples_done, "accuracy": accuracy,
+                                            "training_seconds": self.record.training_seconds()})
+            if self.hooks.target is not None and accuracy >= self.hooks.target:
+                self.record.target_reached = True
+                go_on = False
+        self._segment_samples = 0
+        self._t0 = self.clock()  # evaluation and progress stay outside the timed windows
+        return go_on
 
 
 def drive(
@@ -183,6 +246,7 @@ def drive(
     step: Callable[[int, int], int],
     checkpoint: Callable[[], GuardReading],
     clock: Callable[[], float] = time.perf_counter,
+    hooks: Hooks | None = None,
 ) -> BurstRecord:
     """Run the burst as executions of ``schedule.execution_steps`` micro-batches and time it.
 
@@ -190,7 +254,7 @@ def drive(
     count without synchronising; ``checkpoint()`` synchronises and reads the NaN guard, and is
     called only at boundaries. A non-finite loss stops the burst at the next boundary.
     """
-    timer = WindowTimer(schedule, clock)
+    timer = WindowTimer(schedule, clock, hooks)
     e = schedule.execution_steps
     timer.start()
     for first in range(0, schedule.total_steps, e):

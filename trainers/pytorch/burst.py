@@ -12,7 +12,7 @@ import torch
 from torch.utils.data import DataLoader
 
 from trainers.common.errors import InvalidKnobs
-from trainers.common.protocol import BurstSpec, GuardReading, drive, make_schedule
+from trainers.common.protocol import BurstSpec, GuardReading, drive, hooks_from, make_schedule
 from trainers.pytorch.workload import Workload, load
 
 AMP_DTYPES = {"bf16": torch.bfloat16, "fp16": torch.float16}
@@ -102,108 +102,137 @@ def evaluate(workload: Workload, model: torch.nn.Module, device: torch.device) -
     return float(workload.metric(torch.cat(outputs), torch.cat(targets)))
 
 
-def run(request: dict[str, Any]) -> dict[str, Any]:
-    knobs = dict(request["knobs"])
-    spec = BurstSpec.from_dict(request["burst"])
-    device = torch.device("cuda" if torch.cuda.is_available() else "cpu")
-    _check(knobs, device)
-    schedule = make_schedule(spec, int(knobs["batch_size"]), int(knobs["accumulation_steps"]))
-    _seed(spec.seed)
-    threads = int(knobs.get("intra_op_threads", 0))
-    if threads > 0:
-        torch.set_num_threads(threads)
-    if device.type == "cuda":
-        torch.backends.cudnn.benchmark = bool(knobs.get("cudnn_benchmark", False))
-        torch.backends.cudnn.deterministic = bool(knobs.get("cudnn_deterministic", False))
-    setup_start = time.perf_counter()
-    workload = load(request["workload"], request.get("workload_options"))
+class Trainer:
+    """Every knob applied to one workload: model, optimizer, compile, autocast, scaler, loader,
+    and the device-side NaN guard. The burst, the time-to-accuracy evaluations and the diagnosis
+    ceilings all train through ``train_on``."""
 
-    model = workload.build_model().to(device)
-    channels_last = bool(knobs.get("channels_last", False))
-    if channels_last:
-        model = model.to(memory_format=torch.channels_last)
-    optimizer = workload.build_optimizer(model.parameters())
-    mode = knobs["compile"]
-    step_model = model if mode == "off" else torch.compile(model, mode=None if mode == "default" else mode)
-    loader = build_loader(workload, knobs, spec.seed)
-    amp = knobs["amp"]
-    autocast = (
-        torch.autocast(device_type=device.type, dtype=AMP_DTYPES[amp]) if amp != "off" else nullcontext()
-    )
-    scaler = torch.amp.GradScaler(device.type, enabled=amp == "fp16")
-    k = schedule.accumulation_steps
-    non_blocking = loader.pin_memory and device.type == "cuda"
-    mark_step = mode == "reduce-overhead" and device.type == "cuda"
-    setup_seconds = time.perf_counter() - setup_start
+    def __init__(self, request: dict[str, Any]) -> None:
+        knobs = self.knobs = dict(request["knobs"])
+        self.spec = BurstSpec.from_dict(request["burst"])
+        device = self.device = torch.device("cuda" if torch.cuda.is_available() else "cpu")
+        _check(knobs, device)
+        self.schedule = make_schedule(self.spec, int(knobs["batch_size"]), int(knobs["accumulation_steps"]))
+        _seed(self.spec.seed)
+        self.threads = int(knobs.get("intra_op_threads", 0))
+        if self.threads > 0:
+            torch.set_num_threads(self.threads)
+        if device.type == "cuda":
+            torch.backends.cudnn.benchmark = bool(knobs.get("cudnn_benchmark", False))
+            torch.backends.cudnn.deterministic = bool(knobs.get("cudnn_deterministic", False))
+        setup_start = time.perf_counter()
+        self.workload = workload = load(request["workload"], request.get("workload_options"))
+        model = workload.build_model().to(device)
+        self.channels_last = bool(knobs.get("channels_last", False))
+        if self.channels_last:
+            model = model.to(memory_format=torch.channels_last)
+        self.model = model
+        self.optimizer = workload.build_optimizer(model.parameters())
+        self.lr_scale = float(request.get("lr_scale", 1.0))
+        if self.lr_scale != 1.0:  # lr_scaling: the workload's learning rate, rescaled with the effective batch
+            for group in self.optimizer.param_groups:
+                group["lr"] = group["lr"] * self.lr_scale
+        self.mode = mode = knobs["compile"]
+        self.step_model = model if mode == "off" else torch.compile(model, mode=None if mode == "default" else mode)
+        self.loader = build_loader(workload, knobs, self.spec.seed)
+        self.amp = amp = knobs["amp"]
+        self.autocast = (
+            torch.autocast(device_type=device.type, dtype=AMP_DTYPES[amp]) if amp != "off" else nullcontext()
+        )
+        self.scaler = torch.amp.GradScaler(device.type, enabled=amp == "fp16")
+        self.non_blocking = self.loader.pin_memory and device.type == "cuda"
+        self.mark_step = mode == "reduce-overhead" and device.type == "cuda"
+        self.setup_seconds = time.perf_counter() - setup_start
+        # Guard state lives on the device: updated every step, read only at window boundaries.
+        self.bad = torch.zeros((), dtype=torch.bool, device=device)
+        self.first_bad = torch.full((), -1, dtype=torch.long, device=device)
+        self.counter = torch.zeros((), dtype=torch.long, device=device)
+        self.loss_sum = torch.zeros((), dtype=torch.float32, device=device)
+        self.loss_steps = 0
+        self.skipped = torch.zeros((), dtype=torch.long, device=device)
+        self.iterator: Any = None  # made on first use, so worker start-up is timed as warm-up
 
-    # Guard state lives on the device: updated every step, read only at window boundaries.
-    bad = torch.zeros((), dtype=torch.bool, device=device)
-    first_bad = torch.full((), -1, dtype=torch.long, device=device)
-    counter = torch.zeros((), dtype=torch.long, device=device)
-    loss_sum = torch.zeros((), dtype=torch.float32, device=device)
-    loss_steps = 0
-    skipped = torch.zeros((), dtype=torch.long, device=device)
-    iterator = None  # made in the first step, so worker start-up is timed as warm-up
-
-    def next_batch() -> Any:
-        nonlocal iterator
-        if iterator is None:
-            iterator = iter(loader)
+    def next_batch(self) -> tuple[Any, Any]:
+        """The next (inputs, targets) on the device, epoch after epoch."""
+        if self.iterator is None:
+            self.iterator = iter(self.loader)
         try:
-            return next(iterator)
+            inputs, targets = next(self.iterator)
         except StopIteration:  # next epoch (persistent_workers keeps the workers alive)
-            iterator = iter(loader)
-            return next(iterator)
-
-    def step(i: int, count: int = 1) -> int:
-        nonlocal loss_steps
-        inputs, targets = next_batch()
-        inputs = _to_device(inputs, device, non_blocking)
-        targets = _to_device(targets, device, non_blocking)
-        if channels_last and isinstance(inputs, torch.Tensor) and inputs.dim() == 4:
+            self.iterator = iter(self.loader)
+            inputs, targets = next(self.iterator)
+        inputs = _to_device(inputs, self.device, self.non_blocking)
+        targets = _to_device(targets, self.device, self.non_blocking)
+        if self.channels_last and isinstance(inputs, torch.Tensor) and inputs.dim() == 4:
             inputs = inputs.contiguous(memory_format=torch.channels_last)
-        if mark_step:
+        return inputs, targets
+
+    def train_on(self, inputs: Any, targets: Any, i: int) -> int:
+        """Micro-batch ``i``: forward, guard, backward, and the optimizer step when due. No sync."""
+        k = self.schedule.accumulation_steps
+        if self.mark_step:
             torch.compiler.cudagraph_mark_step_begin()
-        with autocast:
-            loss = workload.loss_fn(step_model(inputs), targets)
+        with self.autocast:
+            loss = self.workload.loss_fn(self.step_model(inputs), targets)
         value = loss.detach().float()
         bad_now = ~torch.isfinite(value)
-        bad.logical_or_(bad_now)
-        first_bad.copy_(torch.where(bad_now & (first_bad < 0), counter, first_bad))
-        counter.add_(1)
-        loss_sum.add_(value)
-        loss_steps += 1
-        scaler.scale(loss / k if k > 1 else loss).backward()
-        if (i + 1) % k == 0 or i + 1 == schedule.total_steps:
-            if scaler.is_enabled():
-                before = scaler._scale.clone()  # type: ignore[union-attr]
-                scaler.step(optimizer)
-                scaler.update()
-                skipped.add_((scaler._scale < before).long())  # type: ignore[operator]
+        self.bad.logical_or_(bad_now)
+        self.first_bad.copy_(torch.where(bad_now & (self.first_bad < 0), self.counter, self.first_bad))
+        self.counter.add_(1)
+        self.loss_sum.add_(value)
+        self.loss_steps += 1
+        self.scaler.scale(loss / k if k > 1 else loss).backward()
+        if (i + 1) % k == 0 or i + 1 == self.schedule.total_steps:
+            if self.scaler.is_enabled():
+                before = self.scaler._scale.clone()  # type: ignore[union-attr]
+                self.scaler.step(self.optimizer)
+                self.scaler.update()
+                self.skipped.add_((self.scaler._scale < before).long())  # type: ignore[operator]
             else:
-                optimizer.step()
-            optimizer.zero_grad(set_to_none=True)
+                self.optimizer.step()
+            self.optimizer.zero_grad(set_to_none=True)
         return int(targets.shape[0]) if isinstance(targets, torch.Tensor) else len(targets)
 
-    def checkpoint() -> GuardReading:
-        nonlocal loss_steps
-        if device.type == "cuda":
-            torch.cuda.synchronize(device)
-        mean = loss_sum.item() / max(1, loss_steps)
-        loss_sum.zero_()
-        loss_steps = 0
-        first = int(first_bad.item())
-        return GuardReading(finite=not bool(bad.item()), first_bad_step=first if first >= 0 else None, mean_loss=mean)
+    def step(self, i: int, count: int = 1) -> int:  # count is 1: PyTorch runs one step per call
+        inputs, targets = self.next_batch()
+        return self.train_on(inputs, targets, i)
 
+    def sync(self) -> None:
+        if self.device.type == "cuda":
+            torch.cuda.synchronize(self.device)
+
+    def checkpoint(self) -> GuardReading:
+        self.sync()
+        mean = self.loss_sum.item() / max(1, self.loss_steps)
+        self.loss_sum.zero_()
+        self.loss_steps = 0
+        first = int(self.first_bad.item())
+        return GuardReading(finite=not bool(self.bad.item()), first_bad_step=first if first >= 0 else None,
+                            mean_loss=mean)
+
+    def evaluate(self) -> float:
+        accuracy = evaluate(self.workload, self.model, self.device)
+        self.model.train()
+        return accuracy
+
+    def close(self) -> None:
+        self.iterator = None  # shuts DataLoader workers down
+
+
+def run(request: dict[str, Any]) -> dict[str, Any]:
+    t = Trainer(request)
+    device, schedule, loader, model, step_model = t.device, t.schedule, t.loader, t.model, t.step_model
+    k, mode, amp, scaler, autocast, channels_last, threads = (
+        schedule.accumulation_steps, t.mode, t.amp, t.scaler, t.autocast, t.channels_last, t.threads)
     if device.type == "cuda":
         torch.cuda.reset_peak_memory_stats(device)
     model.train()
     try:
-        record = drive(schedule, step, checkpoint)
+        record = drive(schedule, t.step, t.checkpoint, hooks=hooks_from(request, t.evaluate))
     except (torch.OutOfMemoryError, MemoryError) as exc:
         return {"outcome": "oom", "failure": f"out of memory: {str(exc).splitlines()[0] if str(exc) else type(exc).__name__}"}
     finally:
-        del iterator  # shuts DataLoader workers down before evaluation
+        t.close()
 
     channels_last_used = channels_last and next(model.parameters()).is_contiguous(memory_format=torch.channels_last)
     result: dict[str, Any] = {
@@ -225,9 +254,10 @@ def run(request: dict[str, Any]) -> dict[str, Any]:
             "cudnn_benchmark": torch.backends.cudnn.benchmark,
             "cudnn_deterministic": torch.backends.cudnn.deterministic,
         },
-        "setup_seconds": setup_seconds,
+        "setup_seconds": t.setup_seconds,
         "effective_batch_size": schedule.batch_size * k,
-        "amp_skipped_steps": int(skipped.item()),
+        "lr_scale": t.lr_scale,
+        "amp_skipped_steps": int(t.skipped.item()),
         "loader": loader_report(loader),
         "applied": {
             "device": device.type,
@@ -249,7 +279,7 @@ def run(request: dict[str, Any]) -> dict[str, Any]:
         )
     else:
         eval_start = time.perf_counter()
-        result["val_accuracy"] = evaluate(workload, model, device)
+        result["val_accuracy"] = evaluate(t.workload, model, device)
         result["eval_seconds"] = time.perf_counter() - eval_start
         result["outcome"] = "ok"
     result["peak_memory_mb"] = peak_memory_mb(device)

@@ -15,7 +15,8 @@ import numpy as np
 import tensorflow as tf
 
 from trainers.common.errors import InvalidKnobs
-from trainers.common.protocol import BurstRecord, BurstSpec, GuardReading, Schedule, WindowTimer, drive, make_schedule
+from trainers.common.protocol import (BurstRecord, BurstSpec, GuardReading, Hooks, Schedule, WindowTimer, drive,
+                                      hooks_from, make_schedule)
 from trainers.tensorflow.data import build_pipeline, count_records, describe_pipeline, pipeline_knobs
 from trainers.tensorflow.workload import Workload, load
 
@@ -49,10 +50,10 @@ class FirstNonFinite(keras.metrics.Metric):
 class _FitTimer(keras.callbacks.Callback):
     """Feeds Keras' execution boundaries to the shared WindowTimer."""
 
-    def __init__(self, schedule: Schedule) -> None:
+    def __init__(self, schedule: Schedule, hooks: Hooks | None = None) -> None:
         super().__init__()
         self.schedule = schedule
-        self.timer = WindowTimer(schedule)
+        self.timer = WindowTimer(schedule, hooks=hooks)
         self._steps = 0
         self._loss_mark = (0, 0.0)  # (steps, running mean) at the last boundary
 
@@ -90,84 +91,128 @@ def _optimizer_accumulation(optimizer: keras.optimizers.Optimizer) -> int:
     return int(inner.gradient_accumulation_steps or 1)
 
 
-def _fit(model: keras.Model, workload: Workload, optimizer: Any, ds: tf.data.Dataset, schedule: Schedule,
-         jit: bool) -> tuple[BurstRecord, dict[str, Any]]:
-    model.compile(optimizer=optimizer, loss=workload.loss, metrics=[FirstNonFinite()], jit_compile=jit,
-                  steps_per_execution=schedule.execution_steps)
-    timer = _FitTimer(schedule)
-    model.fit(ds, epochs=1, steps_per_epoch=schedule.total_steps, verbose=0, callbacks=[timer], shuffle=False)
-    return timer.timer.record, {
-        "jit_compile": bool(model.jit_compile),
-        "steps_per_execution": int(model.steps_per_execution),
-        "loss_scale_optimizer": isinstance(model.optimizer, keras.optimizers.LossScaleOptimizer),
-        "accumulation_steps": _optimizer_accumulation(model.optimizer),
-        "amp_skipped_steps": None,
-    }
+class CustomStep:
+    """One train step under ``@tf.function`` (XLA when ``jit``), with the NaN guard and fp16
+    loss-scale skips kept in ``tf.Variable``s: read only at window boundaries."""
+
+    def __init__(self, model: keras.Model, workload: Workload, optimizer: Any, jit: bool, policy: str) -> None:
+        self.scaled = policy == "mixed_float16"
+        if self.scaled:
+            optimizer = keras.optimizers.LossScaleOptimizer(optimizer)
+        optimizer.build(model.trainable_variables)
+        self.optimizer = optimizer
+        loss_fn = keras.losses.get(workload.loss) if isinstance(workload.loss, str) else workload.loss
+        self.bad = tf.Variable(False)
+        self.first_bad = tf.Variable(tf.constant(-1, tf.int64))
+        self.counter = tf.Variable(tf.constant(0, tf.int64))
+        self.loss_sum = tf.Variable(0.0)
+        self.skipped = tf.Variable(tf.constant(0, tf.int64))
+        self._read_steps = 0
+
+        def one_step(x: tf.Tensor, y: tf.Tensor) -> None:
+            with tf.GradientTape() as tape:
+                loss = loss_fn(y, model(x, training=True))
+                scaled_loss = optimizer.scale_loss(loss)
+            grads = tape.gradient(scaled_loss, model.trainable_variables)
+            if self.scaled:
+                before = tf.identity(optimizer.dynamic_scale)
+            optimizer.apply(grads, model.trainable_variables)
+            if self.scaled:
+                self.skipped.assign_add(tf.cast(optimizer.dynamic_scale < before, tf.int64))
+            value = tf.cast(loss, tf.float32)
+            bad_now = tf.logical_not(tf.math.is_finite(value))
+            self.first_bad.assign(tf.where(bad_now & (self.first_bad < 0), self.counter, self.first_bad))
+            self.bad.assign(tf.logical_or(self.bad, bad_now))
+            self.counter.assign_add(1)
+            self.loss_sum.assign_add(value)
+
+        self.step_fn = tf.function(one_step, jit_compile=jit, reduce_retracing=True)
+
+    def checkpoint(self) -> GuardReading:
+        steps = int(self.counter.numpy())  # synchronises
+        mean = float(self.loss_sum.numpy()) / max(1, steps - self._read_steps)
+        self._read_steps = steps
+        self.loss_sum.assign(0.0)
+        first = int(self.first_bad.numpy())
+        return GuardReading(not bool(self.bad.numpy()), first if first >= 0 else None, mean)
 
 
-def _custom(model: keras.Model, workload: Workload, optimizer: Any, ds: tf.data.Dataset, schedule: Schedule,
-            jit: bool, policy: str) -> tuple[BurstRecord, dict[str, Any]]:
-    scaled = policy == "mixed_float16"
-    if scaled:
-        optimizer = keras.optimizers.LossScaleOptimizer(optimizer)
-    optimizer.build(model.trainable_variables)
-    loss_fn = keras.losses.get(workload.loss) if isinstance(workload.loss, str) else workload.loss
-    # Guard state lives on the device: updated every step, read only at window boundaries.
-    bad = tf.Variable(False)
-    first_bad = tf.Variable(tf.constant(-1, tf.int64))
-    counter = tf.Variable(tf.constant(0, tf.int64))
-    loss_sum = tf.Variable(0.0)
-    skipped = tf.Variable(tf.constant(0, tf.int64))
+class Trainer:
+    """Every knob applied to one workload: threads, dtype policy, the tf.data pipeline, model and
+    optimizer. The burst, time-to-accuracy evaluations and the diagnosis ceilings share it."""
 
-    def one_step(x: tf.Tensor, y: tf.Tensor) -> None:
-        with tf.GradientTape() as tape:
-            loss = loss_fn(y, model(x, training=True))
-            scaled_loss = optimizer.scale_loss(loss)
-        grads = tape.gradient(scaled_loss, model.trainable_variables)
-        if scaled:
-            before = tf.identity(optimizer.dynamic_scale)
-        optimizer.apply(grads, model.trainable_variables)
-        if scaled:
-            skipped.assign_add(tf.cast(optimizer.dynamic_scale < before, tf.int64))
-        value = tf.cast(loss, tf.float32)
-        bad_now = tf.logical_not(tf.math.is_finite(value))
-        first_bad.assign(tf.where(bad_now & (first_bad < 0), counter, first_bad))
-        bad.assign(tf.logical_or(bad, bad_now))
-        counter.assign_add(1)
-        loss_sum.assign_add(value)
+    def __init__(self, request: dict[str, Any]) -> None:
+        knobs = self.knobs = dict(request["knobs"])
+        self.spec = BurstSpec.from_dict(request["burst"])
+        self.threads = int(knobs.get("intra_op_threads", 0))
+        if self.threads > 0:
+            tf.config.threading.set_intra_op_parallelism_threads(self.threads)  # before the runtime starts
+        self.gpu = bool(tf.config.list_physical_devices("GPU"))
+        _check(knobs, self.gpu)
+        k, spe = int(knobs["accumulation_steps"]), int(knobs["steps_per_execution"])
+        self.schedule = make_schedule(self.spec, int(knobs["batch_size"]), k, spe)
+        self.policy, self.jit, self.loop = knobs["mixed_precision"], bool(knobs["jit_compile"]), knobs["loop"]
+        keras.mixed_precision.set_global_policy(self.policy)
+        keras.utils.set_random_seed(self.spec.seed)
+        setup_start = time.perf_counter()
+        self.workload = workload = load(request["workload"], request.get("workload_options"))
+        shuffle_buffer = workload.train_size or count_records(workload.train_files)
+        if shuffle_buffer < self.schedule.batch_size:
+            raise InvalidKnobs(f"batch_size={self.schedule.batch_size} is larger than the training set "
+                               f"({shuffle_buffer} samples)")
+        self.ds = build_pipeline(workload.train_files, workload.parse_fn, workload.augment_fn, knobs,
+                                 shuffle_buffer, self.spec.seed)
+        self.model = workload.build_model()
+        self.optimizer = workload.build_optimizer(**({"gradient_accumulation_steps": k} if k > 1 else {}))
+        self.lr_scale = float(request.get("lr_scale", 1.0))
+        if self.lr_scale != 1.0:  # lr_scaling: the workload's learning rate, rescaled with the effective batch
+            self.optimizer.learning_rate = float(self.optimizer.learning_rate) * self.lr_scale
+        self.setup_seconds = time.perf_counter() - setup_start
 
-    step_fn = tf.function(one_step, jit_compile=jit, reduce_retracing=True)
+    def evaluate(self) -> float:
+        return evaluate(self.workload, self.model)
 
-    @tf.function
-    def execute(iterator: Any, count: tf.Tensor) -> None:
-        for _ in tf.range(count):  # steps_per_execution steps per host call
-            x, y = next(iterator)
-            step_fn(x, y)
+    def fit(self, hooks: Hooks | None) -> tuple[BurstRecord, dict[str, Any]]:
+        model, schedule = self.model, self.schedule
+        model.compile(optimizer=self.optimizer, loss=self.workload.loss, metrics=[FirstNonFinite()],
+                      jit_compile=self.jit, steps_per_execution=schedule.execution_steps)
+        timer = _FitTimer(schedule, hooks)
+        model.fit(self.ds, epochs=1, steps_per_epoch=schedule.total_steps, verbose=0, callbacks=[timer],
+                  shuffle=False)
+        return timer.timer.record, {
+            "jit_compile": bool(model.jit_compile),
+            "steps_per_execution": int(model.steps_per_execution),
+            "loss_scale_optimizer": isinstance(model.optimizer, keras.optimizers.LossScaleOptimizer),
+            "accumulation_steps": _optimizer_accumulation(model.optimizer),
+            "amp_skipped_steps": None,
+        }
 
-    state: dict[str, Any] = {"iterator": None, "steps": 0}
+    def custom(self, hooks: Hooks | None) -> tuple[BurstRecord, dict[str, Any]]:
+        schedule = self.schedule
+        train = CustomStep(self.model, self.workload, self.optimizer, self.jit, self.policy)
 
-    def step(first: int, count: int) -> int:
-        if state["iterator"] is None:  # made here, so pipeline start-up is timed as warm-up
-            state["iterator"] = iter(ds)
-        execute(state["iterator"], tf.constant(count, tf.int64))
-        return count * schedule.batch_size
+        @tf.function
+        def execute(iterator: Any, count: tf.Tensor) -> None:
+            for _ in tf.range(count):  # steps_per_execution steps per host call
+                x, y = next(iterator)
+                train.step_fn(x, y)
 
-    def checkpoint() -> GuardReading:
-        steps = int(counter.numpy())  # synchronises
-        mean = float(loss_sum.numpy()) / max(1, steps - state["steps"])
-        state["steps"] = steps
-        loss_sum.assign(0.0)
-        first = int(first_bad.numpy())
-        return GuardReading(not bool(bad.numpy()), first if first >= 0 else None, mean)
+        state: dict[str, Any] = {"iterator": None}
 
-    record = drive(schedule, step, checkpoint)
-    return record, {
-        "jit_compile": bool(jit),
-        "steps_per_execution": schedule.execution_steps,
-        "loss_scale_optimizer": scaled,
-        "accumulation_steps": _optimizer_accumulation(optimizer),
-        "amp_skipped_steps": int(skipped.numpy()),
-    }
+        def step(first: int, count: int) -> int:
+            if state["iterator"] is None:  # made here, so pipeline start-up is timed as warm-up
+                state["iterator"] = iter(self.ds)
+            execute(state["iterator"], tf.constant(count, tf.int64))
+            return count * schedule.batch_size
+
+        record = drive(schedule, step, train.checkpoint, hooks=hooks)
+        return record, {
+            "jit_compile": self.jit,
+            "steps_per_execution": schedule.execution_steps,
+            "loss_scale_optimizer": train.scaled,
+            "accumulation_steps": _optimizer_accumulation(train.optimizer),
+            "amp_skipped_steps": int(train.skipped.numpy()),
+        }
 
 
 def evaluate(workload: Workload, model: keras.Model) -> float:
@@ -193,40 +238,17 @@ def _rejected(exc: tf.errors.OpError, knobs: dict[str, Any]) -> InvalidKnobs:
 
 
 def run(request: dict[str, Any]) -> dict[str, Any]:
-    knobs = dict(request["knobs"])
-    spec = BurstSpec.from_dict(request["burst"])
-    threads = int(knobs.get("intra_op_threads", 0))
-    if threads > 0:
-        tf.config.threading.set_intra_op_parallelism_threads(threads)  # before the runtime starts
-    gpu = bool(tf.config.list_physical_devices("GPU"))
-    _check(knobs, gpu)
-    k, spe = int(knobs["accumulation_steps"]), int(knobs["steps_per_execution"])
-    schedule = make_schedule(spec, int(knobs["batch_size"]), k, spe)
-    policy, jit, loop = knobs["mixed_precision"], bool(knobs["jit_compile"]), knobs["loop"]
-    keras.mixed_precision.set_global_policy(policy)
-    keras.utils.set_random_seed(spec.seed)
-
-    setup_start = time.perf_counter()
-    workload = load(request["workload"], request.get("workload_options"))
-    shuffle_buffer = workload.train_size or count_records(workload.train_files)
-    if shuffle_buffer < schedule.batch_size:
-        raise InvalidKnobs(f"batch_size={schedule.batch_size} is larger than the training set ({shuffle_buffer} samples)")
-    ds = build_pipeline(workload.train_files, workload.parse_fn, workload.augment_fn, knobs, shuffle_buffer, spec.seed)
-    pipeline = describe_pipeline(ds)
-    model = workload.build_model()
-    optimizer = workload.build_optimizer(**({"gradient_accumulation_steps": k} if k > 1 else {}))
-    setup_seconds = time.perf_counter() - setup_start
-
+    t = Trainer(request)
+    knobs, schedule, loop, gpu, threads, k = t.knobs, t.schedule, t.loop, t.gpu, t.threads, t.schedule.accumulation_steps
+    pipeline = describe_pipeline(t.ds)
+    hooks = hooks_from(request, t.evaluate)
     try:
-        if loop == "fit":
-            record, applied = _fit(model, workload, optimizer, ds, schedule, jit)
-        else:
-            record, applied = _custom(model, workload, optimizer, ds, schedule, jit, policy)
+        record, applied = t.fit(hooks) if loop == "fit" else t.custom(hooks)
     except tf.errors.ResourceExhaustedError as exc:
         return {"outcome": "oom", "failure": f"out of memory: {exc.message.splitlines()[0]}"}
     except (tf.errors.InvalidArgumentError, tf.errors.UnimplementedError) as exc:
         raise _rejected(exc, knobs) from None
-    policy_used = keras.mixed_precision.global_policy().name
+    policy_used = t.model.dtype_policy.name
 
     result: dict[str, Any] = {
         **record.measurement(),
@@ -239,8 +261,9 @@ def run(request: dict[str, Any]) -> dict[str, Any]:
             "loop": loop,
             "intra_op_threads": threads and tf.config.threading.get_intra_op_parallelism_threads(),
         },
-        "setup_seconds": setup_seconds,
+        "setup_seconds": t.setup_seconds,
         "effective_batch_size": schedule.batch_size * k,
+        "lr_scale": t.lr_scale,
         "pipeline": pipeline,
         "applied": {
             "device": "gpu" if gpu else "cpu",
@@ -260,7 +283,7 @@ def run(request: dict[str, Any]) -> dict[str, Any]:
                       failure=f"loss became non-finite at step {record.nan_step} of {schedule.total_steps}")
     else:
         eval_start = time.perf_counter()
-        result["val_accuracy"] = evaluate(workload, model)
+        result["val_accuracy"] = t.evaluate()
         result["eval_seconds"] = time.perf_counter() - eval_start
         result["outcome"] = "ok"
     result["peak_memory_mb"] = peak_memory_mb(gpu)
