@@ -12,6 +12,8 @@ from spaces import FRAMEWORKS, for_framework
 from trainers.common.builtins import BUILTIN_WORKLOADS
 
 SAMPLERS = ("tpe", "random")
+OBJECTIVES = ("throughput", "pareto", "time-to-accuracy")
+LR_SCALINGS = ("none", "linear", "sqrt")
 
 
 @dataclass(frozen=True)
@@ -24,6 +26,22 @@ class StudySection:
     seed: int | None = None
     sampler: str = "tpe"
     description: str = ""
+    objective: str = "throughput"
+    target_accuracy: float | None = None     # time-to-accuracy: the accuracy to reach
+    eval_every_samples: int | None = None    # time-to-accuracy: samples between evaluations
+    job_samples: int | None = None           # the planned production run, for warm-up amortisation
+    lr_scaling: str = "none"                 # rescale the learning rate with the effective batch
+    prune_below: float = 0.5                 # prune a trial whose first windows run under this x best (0: off)
+
+
+@dataclass(frozen=True)
+class ConfirmSection:
+    """Re-measuring the top candidates and the baseline, interleaved, after the search."""
+
+    top_k: int = 3
+    repeats: int = 3
+    noisy_repeats: int = 5
+    noise_cv: float = 0.05  # a trial whose window rates vary more than this is "noisy"
 
 
 @dataclass(frozen=True)
@@ -47,6 +65,8 @@ class Definition:
     baseline: dict[str, Any] = field(default_factory=dict)
     space: dict[str, list[Any]] = field(default_factory=dict)
     workload: dict[str, Any] = field(default_factory=dict)
+    confirm: ConfirmSection = field(default_factory=ConfirmSection)
+    effective_batch_size: int | None = None  # [space] effective_batch_size: batch x accumulation fixed
     source: str = "<string>"
 
     def as_dict(self) -> dict[str, Any]:
@@ -59,15 +79,27 @@ class Definition:
         data = self.as_dict()
         burst = dict(data["burst"])
         burst.pop("timeout_s")
+        study = self.study
         return {
-            "framework": self.study.framework,
-            "workload": self.study.workload,
+            "framework": study.framework,
+            "workload": study.workload,
             "workload_options": data["workload"],
             "burst": burst,
             "guard": data["guard"],
             "baseline": data["baseline"],
             "space": data["space"],
+            "effective_batch_size": self.effective_batch_size,
+            "objective": {"mode": study.objective, "target_accuracy": study.target_accuracy,
+                          "eval_every_samples": study.eval_every_samples, "job_samples": study.job_samples,
+                          "lr_scaling": study.lr_scaling},
         }
+
+    def burst_windows(self) -> int:
+        """Windows per burst: [burst] windows, or one per evaluation in time-to-accuracy mode."""
+        burst, every = self.burst, self.study.eval_every_samples
+        if self.study.objective != "time-to-accuracy" or not every:
+            return burst.windows
+        return max(1, (burst.train_samples - burst.warmup_samples) // every)
 
 
 # section -> key -> (accepted types, a description of what is expected)
@@ -82,6 +114,12 @@ _SECTIONS: dict[str, dict[str, tuple[tuple[type, ...], str]]] = {
         "seed": ((int,), "an integer"),
         "sampler": ((str,), f"one of {', '.join(SAMPLERS)}"),
         "description": ((str,), "a string"),
+        "objective": ((str,), f"one of {', '.join(OBJECTIVES)}"),
+        "target_accuracy": (_NUMBER, "a number between 0 and 1"),
+        "eval_every_samples": ((int,), "an integer >= 1"),
+        "job_samples": ((int,), "an integer >= 1"),
+        "lr_scaling": ((str,), f"one of {', '.join(LR_SCALINGS)}"),
+        "prune_below": (_NUMBER, "a number between 0 and 1 (0 turns pruning off)"),
     },
     "burst": {
         "train_samples": ((int,), "an integer >= 1"),
@@ -90,8 +128,14 @@ _SECTIONS: dict[str, dict[str, tuple[tuple[type, ...], str]]] = {
         "timeout_s": (_NUMBER, "a number of seconds > 0"),
     },
     "guard": {"max_accuracy_drop": (_NUMBER, "a number between 0 and 1")},
+    "confirm": {
+        "top_k": ((int,), "an integer >= 0 (0 turns confirmation off)"),
+        "repeats": ((int,), "an integer >= 1"),
+        "noisy_repeats": ((int,), "an integer >= 1"),
+        "noise_cv": (_NUMBER, "a number > 0"),
+    },
 }
-_FREE_SECTIONS = ("baseline", "space", "workload")
+_FREE_SECTIONS = ("baseline", "space", "workload")  # keys checked against the knobs / the factory
 _ALL_SECTIONS = (*_SECTIONS, *_FREE_SECTIONS)
 
 
@@ -155,6 +199,20 @@ def parse(text: str, source: str = "<string>", default_name: str | None = None) 
     _check_range(study.get("trials", 1) >= 1, where, "[study] trials", "an integer >= 1", study.get("trials"))
     if not study["name"].strip():
         raise UserError(f"{where}: [study] name must not be empty")
+    for key, allowed in (("objective", OBJECTIVES), ("lr_scaling", LR_SCALINGS)):
+        if key in study and study[key] not in allowed:
+            raise UserError(f"{where}: [study] {key} must be one of {', '.join(allowed)}, got {study[key]!r}")
+    objective = study.get("objective", "throughput")
+    target = study.get("target_accuracy")
+    if objective == "time-to-accuracy" and target is None:
+        raise UserError(f"{where}: objective = \"time-to-accuracy\" needs [study] target_accuracy (a number between 0 and 1)")
+    if target is not None:
+        _check_range(0 < target <= 1, where, "[study] target_accuracy", "a number between 0 and 1", target)
+    for key in ("eval_every_samples", "job_samples"):
+        if key in study:
+            _check_range(study[key] >= 1, where, f"[study] {key}", "an integer >= 1", study[key])
+    _check_range(0 <= study.get("prune_below", 0.5) < 1, where, "[study] prune_below",
+                 "a number from 0 (off) to below 1", study.get("prune_below"))
 
     burst = BurstSection(**_section(raw, "burst", where))
     _check_range(burst.train_samples >= 1, where, "[burst] train_samples", "an integer >= 1", burst.train_samples)
@@ -162,6 +220,11 @@ def parse(text: str, source: str = "<string>", default_name: str | None = None) 
                  f"an integer >= 0 and below train_samples ({burst.train_samples})", burst.warmup_samples)
     _check_range(burst.windows >= 1, where, "[burst] windows", "an integer >= 1", burst.windows)
     _check_range(burst.timeout_s > 0, where, "[burst] timeout_s", "a number of seconds > 0", burst.timeout_s)
+    confirm = ConfirmSection(**_section(raw, "confirm", where))
+    _check_range(confirm.top_k >= 0, where, "[confirm] top_k", "an integer >= 0", confirm.top_k)
+    for key in ("repeats", "noisy_repeats"):
+        _check_range(getattr(confirm, key) >= 1, where, f"[confirm] {key}", "an integer >= 1", getattr(confirm, key))
+    _check_range(confirm.noise_cv > 0, where, "[confirm] noise_cv", "a number > 0", confirm.noise_cv)
     guard = GuardSection(**_section(raw, "guard", where))
     _check_range(0 <= guard.max_accuracy_drop <= 1, where, "[guard] max_accuracy_drop",
                  "a number between 0 and 1", guard.max_accuracy_drop)
@@ -173,6 +236,18 @@ def parse(text: str, source: str = "<string>", default_name: str | None = None) 
     for name, table in (("baseline", baseline), ("space", space), ("workload", options)):
         if not isinstance(table, dict):
             raise UserError(f"{where}: [{name}] must be a table, got {_type_name(table)}")
+    space = dict(space)
+    effective = space.pop("effective_batch_size", None)
+    if effective is not None:
+        if isinstance(effective, bool) or not isinstance(effective, int) or effective < 1:
+            raise UserError(f"{where}: [space] effective_batch_size must be an integer >= 1, got {effective!r}")
+        if "accumulation_steps" in space or "accumulation_steps" in baseline:
+            raise UserError(f"{where}: [space] effective_batch_size fixes accumulation_steps "
+                            f"(= effective_batch_size / batch_size); do not set accumulation_steps too")
+        base_batch = baseline.get("batch_size")
+        if base_batch is not None and isinstance(base_batch, int) and base_batch > 0 and effective % base_batch:
+            raise UserError(f"{where}: [space] effective_batch_size = {effective} is not a multiple of "
+                            f"[baseline] batch_size = {base_batch}")
     for knob, value in baseline.items():
         problem = space_def.validate_values(knob, [value])
         if problem:
@@ -191,6 +266,8 @@ def parse(text: str, source: str = "<string>", default_name: str | None = None) 
         baseline=dict(baseline),
         space={k: list(v) for k, v in space.items()},
         workload=dict(options),
+        confirm=confirm,
+        effective_batch_size=effective,
         source=source,
     )
 
@@ -211,6 +288,8 @@ def from_dict(data: Mapping[str, Any]) -> Definition:
     """Rebuild a Definition from ``as_dict()`` (as stored in a study's attributes)."""
     return Definition(
         study=StudySection(**data["study"]),
+        confirm=ConfirmSection(**data.get("confirm", {})),
+        effective_batch_size=data.get("effective_batch_size"),
         burst=BurstSection(**data["burst"]),
         guard=GuardSection(**data["guard"]),
         baseline=dict(data.get("baseline", {})),

@@ -12,19 +12,27 @@ from search.errors import UserError
 FORMAT = "knobtune.best/1"
 
 
+def study_names(storage: Any) -> list[str]:
+    return sorted(s.study_name for s in optuna.get_all_study_summaries(storage, include_best_trial=False))
+
+
 def load_existing(storage: Any, name: str) -> optuna.Study:
     """The study called ``name``, or a UserError that lists the studies this storage has."""
     try:
         return optuna.load_study(study_name=name, storage=storage)
     except KeyError:
-        names = sorted(s.study_name for s in optuna.get_all_study_summaries(storage, include_best_trial=False))
+        names = study_names(storage)
         listing = f"it has: {', '.join(names)}" if names else "it has no studies"
         raise UserError(f"no study named {name!r} in this storage ({listing})") from None
 
 
-def best_config(study: optuna.Study) -> dict[str, Any]:
-    """The export document for the fastest feasible trial of ``study``."""
-    best = results.best(study)
+def best_config(study: optuna.Study, pick: str | None = None) -> dict[str, Any]:
+    """The export document for the study's winner: the confirmed one when there is a current
+    confirmation, else the best feasible trial (pareto studies: ``pick`` from the front)."""
+    if pick is not None and results.mode(study) != "pareto":
+        raise UserError(f"--pick chooses from a pareto front; study {study.study_name!r} has objective "
+                        f"{results.mode(study)!r}")
+    best = results.best(study, pick)
     if best is None:
         counts = results.outcome_counts(study)
         detail = ", ".join(f"{n} {k}" for k, n in counts.items()) or "no finished trials"
@@ -34,6 +42,15 @@ def best_config(study: optuna.Study) -> dict[str, Any]:
     sps = best.user_attrs["samples_per_second"]
     base_sps = base.user_attrs.get("samples_per_second") if base else None
     knobs = best.user_attrs.get("knobs", {})
+    confirmed = results.confirmation(study)
+    confirmed_block = None
+    if confirmed and confirmed.get("winner") == best.number:
+        confirmed_block = {
+            "median": confirmed["medians"][str(best.number)],
+            "baseline_median": confirmed["medians"][str(confirmed["baseline"])],
+            "speedup": confirmed.get("speedup"), "speedup_range": confirmed.get("speedup_range"),
+            "rounds": confirmed["repeats"], "unit": "seconds to target" if confirmed.get("minimize") else "samples/s",
+        }
     return {
         "format": FORMAT,
         "study": study.study_name,
@@ -52,7 +69,12 @@ def best_config(study: optuna.Study) -> dict[str, Any]:
             "effective_batch_size": best.user_attrs.get("effective_batch_size"),
             "warmup_seconds": best.user_attrs.get("warmup_seconds"),
             "peak_memory_mb": best.user_attrs.get("peak_memory_mb"),
+            "effective_samples_per_second": best.user_attrs.get("effective_samples_per_second"),
+            "time_to_accuracy": best.user_attrs.get("time_to_accuracy"),
         },
+        "objective": results.mode(study),
+        "pick": pick or ("fastest-feasible" if results.mode(study) == "pareto" else None),
+        "confirmed": confirmed_block,
         "burst": definition.get("burst"),
         "fingerprint": study.user_attrs.get("fingerprint", {}),
         "created": datetime.now(timezone.utc).isoformat(timespec="seconds"),

@@ -1,6 +1,8 @@
 """One trial, engine side: knobs from the space, a burst in a child, attributes and the verdict
-told to Optuna. Non-ok outcomes never get a made-up objective value: they are told as PRUNED
-with an infeasible constraint, which TPE learns from (FAIL trials it would ignore)."""
+told to Optuna in the study's objective mode. Non-ok outcomes never get a made-up objective
+value: they are told as PRUNED with an infeasible constraint, which TPE learns from (FAIL trials
+it would ignore); a trial pruned for being slow is PRUNED with its window rates as intermediate
+values."""
 from __future__ import annotations
 
 from dataclasses import dataclass
@@ -9,6 +11,7 @@ from typing import Any, Callable
 import optuna
 from optuna.trial import TrialState
 
+from search import results
 from search.definition import Definition
 from search.runner import ChildResult, run_child
 from spaces.knobs import Context, Offer, Resolved, Space
@@ -16,7 +19,8 @@ from spaces.knobs import Context, Offer, Resolved, Space
 ATTR_FIELDS = (
     "samples_per_second", "samples_per_second_cv", "warmup_seconds", "val_accuracy", "final_loss",
     "effective_batch_size", "peak_memory_mb", "burst_seconds", "window_rates", "nan_step",
-    "amp_skipped_steps", "loader", "pipeline", "applied",
+    "amp_skipped_steps", "loader", "pipeline", "applied", "lr_scale", "evaluations", "target_reached",
+    "time_to_accuracy",
 )
 
 
@@ -30,20 +34,35 @@ class Plan:
     ctx: Context
     workdir: str
 
+    def lr_scale(self, knobs: dict[str, Any]) -> float:
+        """The learning-rate factor [study] lr_scaling asks for, from the effective batch ratio."""
+        how = self.definition.study.lr_scaling
+        if how == "none":
+            return 1.0
+        base = self.space.defaults(self.ctx, self.definition.baseline)
+        base_accumulation = self.offer.derived("accumulation_steps", base) or base["accumulation_steps"]
+        ratio = (knobs["batch_size"] * knobs["accumulation_steps"]) / (base["batch_size"] * base_accumulation)
+        return ratio if how == "linear" else ratio ** 0.5
+
     def request(self, knobs: dict[str, Any]) -> dict[str, Any]:
-        burst = self.definition.burst
-        return {
-            "workload": self.definition.study.workload,
-            "workload_options": self.definition.workload,
+        d = self.definition
+        burst = d.burst
+        request = {
+            "workload": d.study.workload,
+            "workload_options": d.workload,
             "knobs": knobs,
             "burst": {
                 "train_samples": burst.train_samples,
                 "warmup_samples": burst.warmup_samples,
-                "windows": burst.windows,
-                "seed": self.definition.study.seed or 0,
+                "windows": d.burst_windows(),
+                "seed": d.study.seed or 0,
             },
             "workdir": self.workdir,
+            "lr_scale": self.lr_scale(knobs),
         }
+        if d.study.objective == "time-to-accuracy":
+            request["target_accuracy"] = d.study.target_accuracy
+        return request
 
 
 @dataclass
@@ -85,6 +104,8 @@ def report_from_child(child: ChildResult, resolved: dict[str, Resolved], is_base
     for key in ATTR_FIELDS:
         if data.get(key) is not None:
             attrs[key] = data[key]
+    if outcome == "pruned":
+        attrs["window_rates"] = [s["rate"] for s in data.get("segments", []) if not s["warmup"] and s["rate"]]
     if "burst_seconds" in attrs:
         attrs["overhead_seconds"] = round(child.wall_seconds - attrs["burst_seconds"], 3)
     if child.failure:
@@ -100,11 +121,52 @@ def suggest(plan: Plan, trial: optuna.Trial) -> dict[str, Resolved]:
 
 
 def measure(plan: Plan, resolved: dict[str, Resolved], is_baseline: bool,
-            tick: Callable[[float], None] | None = None) -> Report:
-    """Run the burst in a child and report what it measured."""
+            tick: Callable[[float], None] | None = None,
+            watch: Callable[[list[dict[str, Any]]], str | None] | None = None) -> Report:
+    """Run the burst in a child and report what it measured (``watch`` may prune it)."""
     request = plan.request({name: r.value for name, r in resolved.items()})
-    child = run_child(plan.definition.study.framework, "burst", request, plan.definition.burst.timeout_s, tick=tick)
+    child = run_child(plan.definition.study.framework, "burst", request, plan.definition.burst.timeout_s,
+                      tick=tick, watch=watch)
     return report_from_child(child, resolved, is_baseline)
+
+
+def prune_rule(plan: Plan, study: optuna.Study) -> Callable[[list[dict[str, Any]]], str | None] | None:
+    """The early stop for this study's next trial, or None (pareto mode, pruning off, no best yet).
+
+    throughput: once half the windows (at least 2) are measured, stop when their median rate is
+    under ``prune_below`` x the best's. time-to-accuracy: stop when the training time already
+    spent is over the best's time to accuracy / ``prune_below``.
+    """
+    cfg = plan.definition.study
+    best = results.searched_best(study)
+    if cfg.objective == "pareto" or not cfg.prune_below or best is None:
+        return None
+    ratio, windows = cfg.prune_below, plan.definition.burst_windows()
+    if cfg.objective == "time-to-accuracy":
+        limit = best.value / ratio
+
+        def too_slow_to_target(segments: list[dict[str, Any]]) -> str | None:
+            spent = sum(s["seconds"] for s in segments)
+            if spent > limit:
+                return (f"pruned: {spent:.1f} s of training without reaching the target, over "
+                        f"{limit:.1f} s ({1 / ratio:.0f}x the best's {best.value:.1f} s, trial #{best.number})")
+            return None
+
+        return too_slow_to_target
+    best_rate = best.user_attrs["samples_per_second"]
+    need = max(2, windows // 2)
+
+    def too_slow(segments: list[dict[str, Any]]) -> str | None:
+        rates = [s["rate"] for s in segments if not s["warmup"] and s["rate"]]
+        if len(rates) < need or len(rates) >= windows:
+            return None
+        running = results.median(rates) or 0.0
+        if running < ratio * best_rate:
+            return (f"pruned after {len(rates)} of {windows} windows: {running:,.0f} samples/s is under "
+                    f"{ratio:.0%} of the best's {best_rate:,.0f} (trial #{best.number})")
+        return None
+
+    return too_slow
 
 
 def duplicate_of(study: optuna.Study, trial: optuna.Trial) -> int | None:
@@ -121,23 +183,59 @@ def accuracy_constraint(val_accuracy: float, baseline_accuracy: float, max_drop:
     return round((baseline_accuracy - max_drop) - val_accuracy, 6)
 
 
-def tell(study: optuna.Study, trial: optuna.Trial, report: Report, baseline_accuracy: float | None,
-         max_drop: float) -> None:
-    """Store the attributes and tell Optuna the value, constraints and state."""
-    for key, value in report.attrs.items():
-        trial.set_user_attr(key, value)
+def objective_values(report: Report, definition: Definition, baseline_accuracy: float | None
+                     ) -> tuple[list[float], float, dict[str, Any]]:
+    """An ok trial's values (one per study direction), its accuracy constraint, extra attributes."""
+    cfg, a = definition.study, report.attrs
+    extra: dict[str, Any] = {}
+    if cfg.job_samples:
+        extra["effective_samples_per_second"] = results.effective_rate(
+            a["samples_per_second"], a.get("warmup_seconds", 0.0), cfg.job_samples)
+    rate = extra.get("effective_samples_per_second", a["samples_per_second"])
+    if cfg.objective == "time-to-accuracy":
+        reached = [e["accuracy"] for e in a.get("evaluations", [])] + [a["val_accuracy"]]
+        extra["accuracy_reached"] = max(reached)
+        constraint = round(cfg.target_accuracy - extra["accuracy_reached"], 6)
+        if a.get("target_reached"):
+            constraint = min(constraint, 0.0)
+        # Not reached: the training time it spent without reaching the target (a real measurement).
+        seconds = a["time_to_accuracy"] if a.get("target_reached") else a.get("burst_seconds", 0.0)
+        return [seconds], constraint, extra
+    reference = a["val_accuracy"] if baseline_accuracy is None else baseline_accuracy
+    max_drop = definition.guard.max_accuracy_drop
+    extra["accuracy_floor"] = round(reference - max_drop, 6)
+    constraint = accuracy_constraint(a["val_accuracy"], reference, max_drop)
+    values = [rate, a["val_accuracy"]] if cfg.objective == "pareto" else [rate]
+    return values, constraint, extra
+
+
+def tell(study: optuna.Study, trial: optuna.Trial, report: Report, definition: Definition,
+         baseline_accuracy: float | None) -> None:
+    """Store the attributes and tell Optuna the values, constraints and state."""
+    cv = report.attrs.get("samples_per_second_cv")
+    if cv is not None:
+        report.attrs["noisy"] = cv > definition.confirm.noise_cv
+    if report.outcome == "pruned":
+        for key, value in report.attrs.items():
+            trial.set_user_attr(key, value)
+        trial.set_user_attr("feasible", False)
+        if len(study.directions) == 1:
+            for step, rate in enumerate(report.attrs.get("window_rates", [])):
+                trial.report(rate, step)
+        study.tell(trial, state=TrialState.PRUNED)
+        return
     if report.outcome == "ok" and report.val_accuracy is not None:
-        reference = report.val_accuracy if baseline_accuracy is None else baseline_accuracy
-        constraint = accuracy_constraint(report.val_accuracy, reference, max_drop)
-        trial.set_user_attr("accuracy_floor", round(reference - max_drop, 6))
-        trial.set_user_attr("feasible", constraint <= 0)
+        values, constraint, extra = objective_values(report, definition, baseline_accuracy)
+        report.attrs.update(extra, feasible=constraint <= 0)
+        for key, value in report.attrs.items():
+            trial.set_user_attr(key, value)
         trial.set_constraint("accuracy", constraint)
         trial.set_constraint("outcome", 0.0)
-        study.tell(trial, report.samples_per_second)
+        study.tell(trial, values)
     else:
-        trial.set_user_attr("feasible", False)
+        report.attrs["feasible"] = False
+        for key, value in report.attrs.items():
+            trial.set_user_attr(key, value)
         trial.set_constraint("accuracy", 1.0)
         trial.set_constraint("outcome", 1.0)
         study.tell(trial, state=TrialState.PRUNED)
-
-

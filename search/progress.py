@@ -18,18 +18,14 @@ class Progress:
         self.stream = stream or sys.stderr
         self.width = width
         self.live = self.stream.isatty()
-        self.best: tuple[float, int] | None = None
+        self.best: tuple[str, int] | None = None  # ("12,345 samples/s", trial number)
         self.current: int | None = None
-
-    def set_best(self, samples_per_second: float | None, number: int | None) -> None:
-        if samples_per_second is not None and number is not None:
-            self.best = (samples_per_second, number)
 
     def _bar(self, elapsed: float | None) -> str:
         filled = int(self.width * self.done / max(1, self.total))
         text = f"[{'#' * filled}{'.' * (self.width - filled)}] {self.done}/{self.total}"
         if self.best:
-            text += f"  best {rate(self.best[0])} samples/s (#{self.best[1]})"
+            text += f"  best {self.best[0]} (#{self.best[1]})"
         if self.current is not None and elapsed is not None:
             text += f"  trial #{self.current} running {elapsed:.0f} s"
         columns = shutil.get_terminal_size((100, 20)).columns

@@ -107,6 +107,22 @@ def classify(returncode: int | None, timed_out: bool, data: dict[str, Any] | Non
     return "crash", reason + (f"; last output:\n{tail}" if tail else "")
 
 
+def _segments(path: Path) -> list[dict[str, Any]]:
+    """The window segments a child has reported so far (complete lines only)."""
+    try:
+        text = path.read_text()
+    except OSError:
+        return []
+    out = []
+    for line in text.splitlines(keepends=True):
+        if line.endswith("\n"):
+            try:
+                out.append(json.loads(line))
+            except json.JSONDecodeError:
+                pass
+    return out
+
+
 def run_child(
     framework: str,
     command: str,
@@ -114,16 +130,20 @@ def run_child(
     timeout_s: float,
     tick: Callable[[float], None] | None = None,
     poll_s: float = 0.25,
+    watch: Callable[[list[dict[str, Any]]], str | None] | None = None,
 ) -> ChildResult:
     """Run ``python -m trainers.<framework> <command>`` on ``request`` and classify the result.
 
-    ``tick(elapsed_seconds)`` is called while waiting (for progress display). On
-    KeyboardInterrupt the child's group is killed before the interrupt propagates.
+    ``tick(elapsed_seconds)`` is called while waiting (for progress display). ``watch(segments)``
+    sees the windows measured so far; when it returns a reason the child's group is killed and the
+    outcome is ``pruned`` (the segments are kept in ``data``). On KeyboardInterrupt the child's
+    group is killed before the interrupt propagates.
     """
     with tempfile.TemporaryDirectory(prefix="knobtune-trial-") as tmp:
         tmp_path = Path(tmp)
         request_path, result_path, log_path = tmp_path / "request.json", tmp_path / "result.json", tmp_path / "output.log"
-        request_path.write_text(json.dumps(request))
+        progress_path = tmp_path / "progress.jsonl"
+        request_path.write_text(json.dumps({**request, "progress_path": str(progress_path)}))
         env = {**os.environ, "PYTHONUNBUFFERED": "1"}
         cmd = [sys.executable, "-m", f"trainers.{framework}", command,
                "--request", str(request_path), "--result", str(result_path)]
@@ -132,7 +152,7 @@ def run_child(
             proc = subprocess.Popen(cmd, stdin=subprocess.DEVNULL, stdout=log, stderr=subprocess.STDOUT,
                                     start_new_session=True, env=env,
                                     preexec_fn=_die_with_parent if sys.platform == "linux" else None)
-        timed_out = False
+        timed_out, pruned, seen = False, None, 0
         try:
             while True:
                 try:
@@ -147,6 +167,15 @@ def run_child(
                         break
                     if tick:
                         tick(elapsed)
+                    if watch:
+                        segments = _segments(progress_path)
+                        if len(segments) > seen:
+                            seen = len(segments)
+                            pruned = watch(segments)
+                            if pruned:
+                                kill_group(proc.pid)
+                                proc.wait()
+                                break
         except BaseException:
             kill_group(proc.pid)
             proc.wait()
@@ -161,5 +190,8 @@ def run_child(
             except json.JSONDecodeError:
                 data = {}
         tail = _tail(log_path)
+        if pruned:
+            return ChildResult("pruned", {"segments": _segments(progress_path)}, pruned, wall, proc.returncode,
+                               proc.pid, tail)
         outcome, failure = classify(proc.returncode, timed_out, data, tail, timeout_s)
         return ChildResult(outcome, data, failure, wall, proc.returncode, proc.pid, tail)

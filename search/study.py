@@ -13,7 +13,9 @@ from optuna.trial import TrialState
 from search import __version__, results
 from search.definition import Definition
 from search.errors import RunError, UserError
-from search.objective import Plan, duplicate_of, measure, suggest, tell
+from search.confirm import confirm
+from search.diagnose import diagnose_study
+from search.objective import Plan, duplicate_of, measure, prune_rule, suggest, tell
 from search.probe import probe
 from search.progress import Progress
 from search.storage import is_sqlite, open_storage, redact, resolve_url
@@ -58,7 +60,8 @@ def load_or_create(storage: Any, name: str, definition: Definition, fingerprint:
     try:
         study = optuna.load_study(study_name=name, storage=storage, sampler=sampler)
     except KeyError:
-        study = optuna.create_study(study_name=name, storage=storage, sampler=sampler, direction="maximize")
+        study = optuna.create_study(study_name=name, storage=storage, sampler=sampler,
+                                    directions=results.DIRECTIONS[definition.study.objective])
         study.set_user_attr("definition", definition.as_dict())
         study.set_user_attr("measurement", definition.measurement_key())
         study.set_user_attr("fingerprint", fingerprint)
@@ -140,10 +143,32 @@ def _notes(plan: Plan, err: TextIO) -> None:
             raise UserError(f"[space] {knob}: none of its values can run on this machine")
 
 
+def best_label(study: optuna.Study) -> tuple[str, int] | None:
+    """The progress bar's "best so far": samples/s, or seconds to target."""
+    best = results.searched_best(study)
+    if best is None:
+        return None
+    if results.mode(study) == "time-to-accuracy":
+        return f"{best.value:.2f} s to target", best.number
+    return f"{results.rate(best):,.0f} samples/s", best.number
+
+
+def make_plan(definition: Definition, info: dict[str, Any]) -> Plan:
+    """What every trial of the study shares, for the probed hardware and workload."""
+    ctx = {"hardware": info["fingerprint"]["hardware"], "workload": info["workload"]}
+    space = for_framework(definition.study.framework)
+    try:
+        offer = space.offer(ctx, definition.space, definition.baseline, definition.effective_batch_size)
+    except ValueError as exc:
+        raise UserError(str(exc)) from None
+    return Plan(definition, space, offer, ctx, os.getcwd())
+
+
 def run(definition: Definition, storage_url: str | None = None, trials: int | None = None,
         timeout: float | None = None, name: str | None = None, out: TextIO = sys.stdout,
-        err: TextIO = sys.stderr) -> int:
-    """``knobtune run``: create or resume the study and run it to ``trials`` finished trials."""
+        err: TextIO = sys.stderr, confirm_winners: bool = True, diagnose: bool = True) -> int:
+    """``knobtune run``: create or resume the study, run it to ``trials`` finished trials, then
+    confirm the winner against noise and diagnose the bottleneck (once per winner)."""
     study_cfg = definition.study
     name = name or study_cfg.name
     target = trials if trials is not None else study_cfg.trials
@@ -154,9 +179,7 @@ def run(definition: Definition, storage_url: str | None = None, trials: int | No
     err.write(f"knobtune: probing {study_cfg.framework} and workload {study_cfg.workload!r} ...\n")
     info = probe(study_cfg.framework, study_cfg.workload, definition.workload)
     fingerprint = info["fingerprint"]
-    ctx = {"hardware": fingerprint["hardware"], "workload": info["workload"]}
-    space = for_framework(study_cfg.framework)
-    plan = Plan(definition, space, space.offer(ctx, definition.space, definition.baseline), ctx, os.getcwd())
+    plan = make_plan(definition, info)
     _notes(plan, err)
 
     study, created = load_or_create(storage, name, definition, fingerprint, make_sampler(definition, target))
@@ -173,9 +196,7 @@ def run(definition: Definition, storage_url: str | None = None, trials: int | No
         f"{fingerprint['hardware']['device']}, {fingerprint['hardware']['usable_cores']} usable cores\n"
     )
     progress = Progress(target, min(done, target), err)
-    best = results.best(study)
-    if best:
-        progress.set_best(best.user_attrs["samples_per_second"], best.number)
+    progress.best = best_label(study)
     started = time.monotonic()
     trial = None
     rng = random.Random(study_cfg.seed)
@@ -206,18 +227,22 @@ def run(definition: Definition, storage_url: str | None = None, trials: int | No
             if "source" not in trial.user_attrs:
                 trial.set_user_attr("source", study_cfg.sampler)
             progress.started(trial.number)
-            report = measure(plan, resolved, is_baseline, tick=progress.tick)
+            watch = None if is_baseline else prune_rule(plan, study)
+            report = measure(plan, resolved, is_baseline, tick=progress.tick, watch=watch)
             base = results.baseline(study)
             base_ok = base is not None and base.user_attrs.get("outcome") == "ok"
             base_acc = base.user_attrs.get("val_accuracy") if base_ok and not is_baseline else None
             if not is_baseline and not base_ok:
                 raise RunError("no successful baseline trial to compare with; run again to re-measure it")
-            tell(study, trial, report, base_acc, definition.guard.max_accuracy_drop)
+            if report.outcome == "pruned":
+                full = [t.user_attrs["trial_seconds"] for t in results.feasible(study)]
+                if full:
+                    report.attrs["time_saved_seconds"] = round(max(0.0, sum(full) / len(full)
+                                                                   - report.attrs["trial_seconds"]), 2)
+            tell(study, trial, report, definition, base_acc)
             finished_trial = study.trials[trial.number]
             trial = None
-            best = results.best(study)
-            if best:
-                progress.set_best(best.user_attrs["samples_per_second"], best.number)
+            progress.best = best_label(study)
             base = results.baseline(study)
             base_knobs = results.knob_values(base) if base else None
             progress.finished(trial_line(finished_trial.number, finished_trial.user_attrs, progress.best, base_knobs))
@@ -241,5 +266,22 @@ def run(definition: Definition, storage_url: str | None = None, trials: int | No
         err.write(f"\nknobtune: interrupted; {kept} finished trials are kept. Run the same command to resume.\n")
         return 130
     progress.close()
+    if len(results.finished(study)) >= target:
+        try:
+            _after_search(study, plan, err, confirm_winners, diagnose)
+        except KeyboardInterrupt:
+            err.write("\nknobtune: interrupted during confirmation/diagnosis; the trials are kept.\n")
+            return 130
     out.write(study_summary(study, url) + "\n")
     return 0
+
+
+def _after_search(study: optuna.Study, plan: Plan, err: TextIO, confirm_winners: bool, diagnose: bool) -> None:
+    """Confirm the winner (unless a current confirmation exists) and diagnose it (once per winner)."""
+    if confirm_winners and plan.definition.confirm.top_k > 0 and results.confirmation(study) is None:
+        confirm(study, plan, err)
+    winner = results.best(study)
+    done = study.user_attrs.get("diagnosis", {})
+    if diagnose and winner is not None and done.get("winner_trial") != winner.number:
+        baseline_params = plan.space.baseline_params(plan.offer, plan.ctx, plan.definition.baseline)
+        diagnose_study(study, plan, baseline_params, winner, err)

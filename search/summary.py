@@ -7,6 +7,7 @@ import optuna
 from optuna.trial import FrozenTrial
 
 from search import results
+from search.diagnose import line as diagnosis_line
 from search.progress import rate
 from search.storage import DEFAULT_URL, redact
 
@@ -16,26 +17,34 @@ def changed_knobs(values: dict[str, Any], reference: dict[str, Any]) -> str:
     return " ".join(parts) if parts else "(baseline settings)"
 
 
-def trial_line(number: int, attrs: dict[str, Any], best: tuple[float, int] | None,
+def trial_line(number: int, attrs: dict[str, Any], best: tuple[str, int] | None,
                baseline_knobs: dict[str, Any] | None) -> str:
-    """``trial #3   ok   9,141 samples/s  acc 0.956  cv 5%  11.2 s  | best 9,141 (#2)`` + changed knobs."""
+    """``trial #3   ok   9,141 samples/s  acc 0.956  cv 5%  11.2 s  | best ... (#2)`` + changed knobs."""
     outcome = attrs.get("outcome", "?")
     source = attrs.get("source")
-    tag = f" [{source}]" if source in ("baseline", "advice", "explore") else ""
+    tag = f"[{source}]" if source in ("baseline", "advice", "explore") else ""
     head = f"trial #{number:<3} {outcome:<7}"
     if outcome == "ok":
         text = (f"{head} {rate(attrs.get('samples_per_second')):>9} samples/s  "
                 f"acc {attrs.get('val_accuracy', 0):.3f}  cv {100 * attrs.get('samples_per_second_cv', 0):>2.0f}%  "
                 f"{attrs.get('trial_seconds', 0):>5.1f} s")
-        if attrs.get("feasible") is False:
+        if "effective_samples_per_second" in attrs:
+            text += f"  (job: {rate(attrs['effective_samples_per_second'])} samples/s)"
+        if "time_to_accuracy" in attrs:
+            text += f"  target in {attrs['time_to_accuracy']:.2f} s"
+        elif "accuracy_reached" in attrs:
+            text += f"  target not reached (best {attrs['accuracy_reached']:.3f})"
+        elif attrs.get("feasible") is False:
             text += f"  below accuracy guard ({attrs.get('accuracy_floor', 0):.3f})"
+        if attrs.get("noisy"):
+            text += "  noisy"
     else:
         failure = (attrs.get("failure") or "").splitlines()
         text = f"{head} {failure[0] if failure else ''}  ({attrs.get('trial_seconds', 0):.1f} s)"
     if best:
-        text += f"  | best {rate(best[0])} (#{best[1]})"
+        text += f"  | best {best[0]} (#{best[1]})"
     knobs = {k: v["value"] for k, v in attrs.get("knobs", {}).items() if v.get("applied")}
-    detail = [tag.strip()] if tag else []
+    detail = [tag] if tag else []
     if baseline_knobs is not None and not attrs.get("is_baseline"):
         detail.append(changed_knobs(knobs, baseline_knobs))
     if detail:
@@ -43,15 +52,26 @@ def trial_line(number: int, attrs: dict[str, Any], best: tuple[float, int] | Non
     return text
 
 
-def _row(label: str, trial: FrozenTrial, base_sps: float | None) -> str:
-    sps = trial.user_attrs.get("samples_per_second")
-    speed = f"{sps / base_sps:.2f}x" if sps and base_sps else "-"
-    return (f"  {label:<9} #{trial.number:<5} {rate(sps):>11} {trial.user_attrs.get('val_accuracy', float('nan')):>13.3f}"
-            f" {speed:>8}")
+def _metric(trial: FrozenTrial, minimize: bool) -> str:
+    return f"{trial.value:.2f} s" if minimize else rate(results.rate(trial))
+
+
+def _row(label: str, trial: FrozenTrial, base: FrozenTrial, minimize: bool) -> str:
+    value, ref = (trial.value, base.value) if minimize else (results.rate(trial), results.rate(base))
+    speed = (ref / value if minimize else value / ref) if value and ref else None
+    return (f"  {label:<9} #{trial.number:<5} {_metric(trial, minimize):>11} "
+            f"{trial.user_attrs.get('val_accuracy', float('nan')):>13.3f} {f'{speed:.2f}x' if speed else '-':>8}")
+
+
+def _applied(trial: FrozenTrial) -> dict[str, Any]:
+    return {k: v for k, v in results.knob_values(trial).items() if trial.user_attrs["knobs"][k].get("applied")}
 
 
 def study_summary(study: optuna.Study, url: str) -> str:
-    """The end-of-run table: baseline vs best, what changed, outcomes, and what to do next."""
+    """The end-of-run table: baseline vs best (confirmed), what changed, outcomes, pruning,
+    the bottleneck, and what to do next."""
+    m = results.mode(study)
+    minimize = m == "time-to-accuracy"
     base, best = results.baseline(study), results.best(study)
     counts = results.outcome_counts(study)
     lines = [f"{study.study_name}: {sum(counts.values())} trials ("
@@ -59,18 +79,50 @@ def study_summary(study: optuna.Study, url: str) -> str:
     if base is None or base.user_attrs.get("outcome") != "ok":
         lines.append("  no successful baseline trial yet")
         return "\n".join(lines)
-    base_sps = base.user_attrs["samples_per_second"]
-    lines += ["", f"  {'':<9} {'trial':<6} {'samples/s':>11} {'val_accuracy':>13} {'speedup':>8}",
-              _row("baseline", base, base_sps)]
+    metric = "to target" if minimize else ("job samples/s" if "effective_samples_per_second" in base.user_attrs
+                                           else "samples/s")
+    lines += ["", f"  {'':<9} {'trial':<6} {metric:>11} {'val_accuracy':>13} {'speedup':>8}",
+              _row("baseline", base, base, minimize)]
+    confirmed = results.confirmation(study)
     if best is not None:
-        lines.append(_row("best", best, base_sps))
-        lines.append("")
-        lines.append("  best knobs: " + changed_knobs(
-            {k: v for k, v in results.knob_values(best).items() if best.user_attrs["knobs"][k].get("applied")},
-            results.knob_values(base)))
+        lines.append(_row("best", best, base, minimize))
+        if m == "pareto":
+            front = results.front(study)
+            lines.append(f"  pareto front: {len(front)} trial(s): "
+                         + ", ".join(f"#{t.number} ({rate(results.rate(t))}, {t.user_attrs['val_accuracy']:.3f})"
+                                     for t in front))
+            for pick in results.PICKS:
+                chosen = results.pick_from_front(front, pick)
+                lines.append(f"    {pick:<17} #{chosen.number}" if chosen else f"    {pick}: -")
+        lines += ["", "  best knobs: " + changed_knobs(_applied(best), results.knob_values(base))]
         floor = best.user_attrs.get("accuracy_floor")
         if floor is not None:
             lines.append(f"  accuracy guard: val_accuracy >= {floor:.3f} (baseline minus max_accuracy_drop)")
+        if "effective_samples_per_second" in best.user_attrs:
+            lines.append(f"  job amortisation: {rate(best.user_attrs['samples_per_second'])} samples/s steady, "
+                         f"{rate(best.user_attrs['effective_samples_per_second'])} over the planned job "
+                         f"(warm-up {best.user_attrs.get('warmup_seconds', 0):.1f} s paid once)")
+    if confirmed and confirmed.get("winner") is not None:
+        lo, hi = confirmed.get("speedup_range") or (None, None)
+        spread = f" (range {lo:.2f}x-{hi:.2f}x over {confirmed['repeats']} interleaved rounds)" if lo else ""
+        changed = "" if confirmed.get("searched_winner") in (None, confirmed["winner"]) else \
+            f"; the search's own best was #{confirmed['searched_winner']}"
+        lines.append(f"  confirmed: trial #{confirmed['winner']} is {confirmed['speedup']:.2f}x the baseline"
+                     f"{spread}{changed}")
+    elif confirmed:
+        lines.append("  confirmed: no candidate held up in the confirmation runs; the search's best is shown")
+    pruned = [t for t in results.finished(study) if t.user_attrs.get("outcome") == "pruned"]
+    if pruned:
+        saved = sum(t.user_attrs.get("time_saved_seconds", 0) for t in pruned)
+        lines.append(f"  pruning: {len(pruned)} trial(s) stopped early, saving about {saved:.0f} s")
+    noisy = [t for t in results.finished(study) if t.user_attrs.get("noisy")]
+    if noisy:
+        lines.append(f"  noise: {len(noisy)} trial(s) had window rates varying more than "
+                     f"{100 * study.user_attrs.get('definition', {}).get('confirm', {}).get('noise_cv', 0.05):.0f}%")
+    diagnosis = study.user_attrs.get("diagnosis")
+    if diagnosis and best is not None and diagnosis.get("winner_trial") == best.number:
+        lines.append(diagnosis_line("baseline", diagnosis["baseline"], base.user_attrs.get("samples_per_second")))
+        lines.append(diagnosis_line("winner  ", diagnosis["winner"], best.user_attrs.get("samples_per_second")))
     storage_arg = "" if url == DEFAULT_URL else f" --storage '{redact(url)}'"
     lines += [
         "",

@@ -78,6 +78,14 @@ class Offer:
     choices: dict[str, list[Any]]
     unavailable: dict[str, str]  # knob -> why it is not offered here
     dropped: dict[str, list[str]] = field(default_factory=dict)  # knob -> notes on values dropped
+    effective_batch: int | None = None  # batch_size x accumulation_steps fixed; accumulation derived
+
+    def derived(self, name: str, values: Mapping[str, Any]) -> Any:
+        """The value of a knob derived from others (accumulation_steps under a fixed effective
+        batch), or None when ``name`` is searched as usual."""
+        if name == "accumulation_steps" and self.effective_batch and "batch_size" in values:
+            return self.effective_batch // values["batch_size"]
+        return None
 
 
 @dataclass(frozen=True)
@@ -91,6 +99,8 @@ class Space:
     framework: str
     knobs: tuple[Knob, ...]
     advice: Callable[[Context], dict[str, Any]] = lambda ctx: {}
+    # the most parallel input-pipeline settings on this hardware (for the input ceiling)
+    input_variants: Callable[[Context], dict[str, dict[str, Any]]] = lambda ctx: {}
 
     @property
     def names(self) -> list[str]:
@@ -122,13 +132,24 @@ class Space:
         values.update(overrides or {})
         return values
 
-    def offer(self, ctx: Context, narrowing: Mapping[str, Sequence[Any]], baseline: Mapping[str, Any]) -> Offer:
-        """Choice lists for this hardware and workload; the baseline's values are always offered."""
+    def offer(self, ctx: Context, narrowing: Mapping[str, Sequence[Any]], baseline: Mapping[str, Any],
+              effective_batch: int | None = None) -> Offer:
+        """Choice lists for this hardware and workload; the baseline's values are always offered.
+
+        With ``effective_batch`` only batch sizes dividing it are offered, and accumulation_steps
+        is derived (effective_batch / batch_size) instead of searched. Raises ValueError when the
+        baseline's batch size does not divide it.
+        """
         choices: dict[str, list[Any]] = {}
         unavailable: dict[str, str] = {}
         dropped: dict[str, list[str]] = {}
         base_values = self.defaults(ctx, baseline)
+        if effective_batch and effective_batch % base_values["batch_size"]:
+            raise ValueError(f"[space] effective_batch_size = {effective_batch} is not a multiple of the baseline's "
+                             f"batch_size = {base_values['batch_size']}")
         for knob in self.knobs:
+            if effective_batch and knob.name == "accumulation_steps":
+                continue
             why = knob.unavailable(ctx)
             if why:
                 unavailable[knob.name] = why
@@ -144,12 +165,16 @@ class Space:
             base = base_values[knob.name]
             if base not in kept and knob.value_unavailable(base, ctx) is None:
                 kept.append(base)
+            if effective_batch and knob.name == "batch_size":
+                for value in [v for v in kept if effective_batch % v]:
+                    dropped.setdefault(knob.name, []).append(f"{value!r}: does not divide effective_batch_size")
+                kept = [v for v in kept if effective_batch % v == 0]
             if knob.kind in (int, float):
                 kept.sort()
             elif knob.kind is object:  # numbers first, in order, then the named values
                 kept.sort(key=lambda v: (isinstance(v, str), v if not isinstance(v, str) else 0, str(v)))
             choices[knob.name] = kept
-        return Offer(choices, unavailable, dropped)
+        return Offer(choices, unavailable, dropped, effective_batch)
 
     def suggest(self, trial: Suggester, offer: Offer) -> dict[str, Any]:
         """Ask ``trial`` for each offered, active knob, in declaration order."""
@@ -170,6 +195,11 @@ class Space:
         for knob in self.knobs:
             if knob.name in offer.unavailable:
                 resolved[knob.name] = Resolved(knob.default_for(ctx), False, offer.unavailable[knob.name])
+                continue
+            derived = offer.derived(knob.name, values)
+            if derived is not None:
+                values[knob.name] = derived
+                resolved[knob.name] = Resolved(derived, True, "effective_batch_size / batch_size")
                 continue
             value = suggested.get(knob.name, defaults[knob.name])
             why = knob.inactive(values)

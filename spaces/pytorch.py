@@ -4,7 +4,7 @@ from __future__ import annotations
 from typing import Any, Mapping
 
 from spaces.knobs import (Context, Knob, Space, accumulation_knob, batch_size_knob, core_counts, fits_cores,
-                          hardware, one_of, positive, threads_knob)
+                          hardware, one_of, positive, threads_knob, usable_cores)
 
 NEEDS_CUDA = "needs CUDA; this machine has no CUDA device"
 _hw = hardware
@@ -97,4 +97,10 @@ def advice(ctx: Context) -> dict[str, Any]:
     }
 
 
-SPACE = Space("pytorch", KNOBS, advice=advice)
+def input_variants(ctx: Context) -> dict[str, dict[str, Any]]:
+    cores = usable_cores(ctx)
+    return {f"{cores} workers": {"num_workers": cores, "persistent_workers": True, "prefetch_factor": 4,
+                                 "intra_op_threads": 1}}
+
+
+SPACE = Space("pytorch", KNOBS, advice=advice, input_variants=input_variants)

@@ -82,4 +82,9 @@ def advice(ctx: Context) -> dict[str, Any]:
     }
 
 
-SPACE = Space("tensorflow", KNOBS, advice=advice)
+def input_variants(ctx: Context) -> dict[str, dict[str, Any]]:
+    return {"all AUTOTUNE": {"cycle_length": AUTOTUNE, "interleave_parallel_calls": AUTOTUNE,
+                             "map_parallel_calls": AUTOTUNE, "prefetch": AUTOTUNE}}
+
+
+SPACE = Space("tensorflow", KNOBS, advice=advice, input_variants=input_variants)

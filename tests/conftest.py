@@ -73,6 +73,9 @@ def study_file(directory: Path, body: str, name: str = "study.toml") -> Path:
     return path
 
 
+# `knobtune run` flags for tests that are not about confirmation or diagnosis (they cost a minute each)
+FAST = ("--no-confirm", "--no-diagnose")
+
 TINY_BURST = """
 [burst]
 train_samples = 640

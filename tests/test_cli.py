@@ -15,7 +15,7 @@ import optuna
 import psutil
 import pytest
 
-from conftest import TINY_BURST, knobtune, study_file
+from conftest import FAST, TINY_BURST, knobtune, study_file
 from search.runner import group_members
 
 STUDY = """
@@ -43,7 +43,7 @@ def ran(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, subprocess.Comp
     """One 3-trial study, run through the CLI, shared by the tests that only read it."""
     tmp = tmp_path_factory.mktemp("study")
     path = study_file(tmp, STUDY.format(burst=TINY_BURST))
-    return tmp, knobtune("run", str(path), cwd=tmp, check=0)
+    return tmp, knobtune("run", str(path), *FAST, cwd=tmp, check=0)
 
 
 def test_run_creates_the_study_with_its_contract(ran):
@@ -146,17 +146,17 @@ def test_dashboard_port_in_use_is_a_clear_error(tmp_path: Path):
 
 def test_resume_continues_to_the_requested_trials(tmp_path: Path):
     path = study_file(tmp_path, STUDY.format(burst=TINY_BURST).replace("trials = 3", "trials = 2"))
-    knobtune("run", str(path), cwd=tmp_path, check=0)
+    knobtune("run", str(path), *FAST, cwd=tmp_path, check=0)
     first = {t.number: t.user_attrs["samples_per_second"] for t in load(tmp_path).trials if t.user_attrs.get("outcome")}
     assert len(first) == 2
-    proc = knobtune("run", str(path), "--trials", "3", cwd=tmp_path, check=0)
+    proc = knobtune("run", str(path), "--trials", "3", *FAST, cwd=tmp_path, check=0)
     assert "resuming, 2 trials done" in proc.stderr
     study = load(tmp_path)
     after = {t.number: t.user_attrs["samples_per_second"] for t in study.trials if t.user_attrs.get("outcome")}
     assert len(after) == 3 and all(after[n] == v for n, v in first.items())
     assert sum(bool(t.user_attrs.get("is_baseline")) for t in study.trials) == 1
     # the same again: nothing left to do
-    proc = knobtune("run", str(path), "--trials", "3", cwd=tmp_path, check=0)
+    proc = knobtune("run", str(path), "--trials", "3", *FAST, cwd=tmp_path, check=0)
     assert len([t for t in load(tmp_path).trials if t.user_attrs.get("outcome")]) == 3
     # a changed measurement definition is refused rather than mixed in
     changed = study_file(tmp_path, STUDY.format(burst=TINY_BURST.replace("640", "960")), "changed.toml")
@@ -167,7 +167,7 @@ def test_resume_continues_to_the_requested_trials(tmp_path: Path):
 def test_ctrl_c_stops_cleanly_and_keeps_finished_trials(tmp_path: Path):
     body = STUDY.format(burst=TINY_BURST.replace("timeout_s = 120", "timeout_s = 600"))
     path = study_file(tmp_path, body.replace("trials = 3", "trials = 6"))
-    proc = subprocess.Popen([sys.executable, "-m", "search.cli", "run", str(path)], cwd=tmp_path,
+    proc = subprocess.Popen([sys.executable, "-m", "search.cli", "run", str(path), *FAST], cwd=tmp_path,
                             stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
     storage = f"sqlite:///{tmp_path / 'knobtune.db'}"
     child_pgid = None
@@ -182,7 +182,7 @@ def test_ctrl_c_stops_cleanly_and_keeps_finished_trials(tmp_path: Path):
                 continue
             states = [t.state for t in study.get_trials(deepcopy=False)]
             if optuna.trial.TrialState.COMPLETE in states and optuna.trial.TrialState.RUNNING in states:
-                kids = [c for c in psutil.Process(proc.pid).children() if "trainers.pytorch" in " ".join(c.cmdline())]
+                kids = burst_children(proc.pid)
                 if kids:
                     child_pgid = os.getpgid(kids[0].pid)
         assert child_pgid is not None, "no running trial seen"
@@ -201,8 +201,20 @@ def test_ctrl_c_stops_cleanly_and_keeps_finished_trials(tmp_path: Path):
     stopped = [t for t in study.trials if t.user_attrs.get("failure", "").startswith("interrupted by the user")]
     assert len(stopped) == 1 and stopped[0].state == optuna.trial.TrialState.FAIL
     # and it resumes from there
-    proc2 = knobtune("run", str(path), "--trials", str(len(done) + 1), cwd=tmp_path, check=0)
+    proc2 = knobtune("run", str(path), "--trials", str(len(done) + 1), *FAST, cwd=tmp_path, check=0)
     assert f"resuming, {len(done)} trials done" in proc2.stderr
+
+
+def burst_children(pid: int) -> list[psutil.Process]:
+    """The knobtune process's running trial children (a probe that just exited may be a zombie)."""
+    out = []
+    for child in psutil.Process(pid).children():
+        try:
+            if "trainers.pytorch" in " ".join(child.cmdline()) and "burst" in child.cmdline():
+                out.append(child)
+        except psutil.Error:
+            pass
+    return out
 
 
 FAULTS = """
@@ -229,7 +241,7 @@ intra_op_threads = [0]
 
 def test_a_diverging_trial_is_nan_and_the_study_goes_on(tmp_path: Path):
     path = study_file(tmp_path, FAULTS.format(factory="diverge", trials=2, burst=TINY_BURST, option="bad_batch = 16"))
-    proc = knobtune("run", str(path), cwd=tmp_path, check=0)
+    proc = knobtune("run", str(path), *FAST, cwd=tmp_path, check=0)
     study = load(tmp_path, "faults")
     outcomes = {t.params.get("batch_size"): t for t in study.trials if t.user_attrs.get("outcome")}
     nan = outcomes[16]
@@ -244,7 +256,7 @@ def test_a_diverging_trial_is_nan_and_the_study_goes_on(tmp_path: Path):
 
 def test_a_crashing_trial_is_recorded_and_the_study_goes_on(tmp_path: Path):
     path = study_file(tmp_path, FAULTS.format(factory="abort", trials=2, burst=TINY_BURST, option="batch = 16"))
-    knobtune("run", str(path), cwd=tmp_path, check=0)
+    knobtune("run", str(path), *FAST, cwd=tmp_path, check=0)
     study = load(tmp_path, "faults")
     crashed = [t for t in study.trials if t.user_attrs.get("outcome") == "crash"]
     assert len(crashed) == 1 and "SIGABRT" in crashed[0].user_attrs["failure"]
@@ -253,7 +265,7 @@ def test_a_crashing_trial_is_recorded_and_the_study_goes_on(tmp_path: Path):
 
 def test_a_failing_baseline_stops_the_run_and_export_says_why(tmp_path: Path):
     path = study_file(tmp_path, FAULTS.format(factory="abort", trials=3, burst=TINY_BURST, option=""))
-    proc = knobtune("run", str(path), cwd=tmp_path, check=1)
+    proc = knobtune("run", str(path), *FAST, cwd=tmp_path, check=1)
     assert "baseline trial #0 did not succeed (crash" in proc.stderr
     proc = knobtune("export", "faults", cwd=tmp_path, check=2)
     assert "has no feasible trial to export (1 crash)" in proc.stderr
@@ -282,18 +294,19 @@ def test_env_prints_the_fingerprint(tmp_path: Path):
 def test_a_killed_run_leaves_no_trial_running_and_resumes(tmp_path: Path):
     body = STUDY.format(burst=TINY_BURST.replace("timeout_s = 120", "timeout_s = 600"))
     body = body.replace('workload = "kt_test_workloads:tiny"', 'workload = "kt_test_workloads:sleepy"')
-    body = body.replace("[space]", "[workload]\nseconds = 0.004\n[baseline]\nnum_workers = 1\n[space]")
+    body = body.replace("[space]", "[workload]\nseconds = 0.01\n[baseline]\nnum_workers = 1\n[space]")
     path = study_file(tmp_path, body)
-    proc = subprocess.Popen([sys.executable, "-m", "search.cli", "run", str(path)], cwd=tmp_path,
+    proc = subprocess.Popen([sys.executable, "-m", "search.cli", "run", str(path), *FAST], cwd=tmp_path,
                             stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
     deadline = time.monotonic() + 120
     kids: list[psutil.Process] = []
     while time.monotonic() < deadline and not kids:
         time.sleep(0.3)
-        kids = [c for c in psutil.Process(proc.pid).children() if "trainers.pytorch" in " ".join(c.cmdline())]
-        kids = [k for k in kids if "burst" in k.cmdline()]
+        kids = burst_children(proc.pid)
     assert kids, "no trial child seen"
-    time.sleep(3)  # let it start its DataLoader worker
+    while time.monotonic() < deadline and not kids[0].children():
+        time.sleep(0.1)  # until it has started its DataLoader worker
+    assert kids[0].children(), "the trial never started its DataLoader worker"
     pgid = os.getpgid(kids[0].pid)
     proc.kill()  # SIGKILL: no cleanup code in knobtune runs
     proc.wait()
@@ -302,7 +315,7 @@ def test_a_killed_run_leaves_no_trial_running_and_resumes(tmp_path: Path):
         time.sleep(0.5)
     assert group_members(pgid) == []
     # the trial it left RUNNING is marked failed on resume, and the study goes on
-    proc2 = knobtune("run", str(path), "--trials", "1", cwd=tmp_path, check=0)
+    proc2 = knobtune("run", str(path), "--trials", "1", *FAST, cwd=tmp_path, check=0)
     assert "marked 1 trial(s) left running by an earlier run as failed" in proc2.stderr
     study = load(tmp_path)
     assert study.trials[0].state == optuna.trial.TrialState.FAIL

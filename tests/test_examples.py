@@ -6,7 +6,7 @@ from pathlib import Path
 import optuna
 import pytest
 
-from conftest import ROOT, knobtune
+from conftest import FAST, ROOT, knobtune
 
 
 @pytest.mark.parametrize("study", [
@@ -15,7 +15,8 @@ from conftest import ROOT, knobtune
 ])
 def test_custom_workload_example_runs_from_the_repository_root(tmp_path: Path, study: str):
     url = f"sqlite:///{tmp_path / 'k.db'}"
-    knobtune("run", f"studies/{study}.toml", "--trials", "2", "--storage", url, cwd=ROOT, check=0)
+    knobtune("run", f"studies/{study}.toml", "--trials", "2", "--storage", url, *FAST, cwd=ROOT, check=0)
     trials = optuna.load_study(study_name=study, storage=url).trials
-    assert [t.user_attrs["outcome"] for t in trials[:2]] == ["ok", "ok"]
+    assert trials[0].user_attrs["outcome"] == "ok"
+    assert trials[1].user_attrs["outcome"] in ("ok", "pruned")  # the seeds' advice may well be slower here
     assert trials[0].user_attrs["val_accuracy"] > 0.8  # the example workloads learn

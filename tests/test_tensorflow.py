@@ -8,7 +8,7 @@ from typing import Any
 import optuna
 import pytest
 
-from conftest import TINY_BURST, knobtune, study_file
+from conftest import FAST, TINY_BURST, knobtune, study_file
 from search.errors import UserError
 from search.runner import run_child
 from spaces import for_framework
@@ -122,7 +122,7 @@ steps_per_execution = [1, 4]
 
 def test_a_tensorflow_study_through_the_cli(tmp_path: Path):
     path = study_file(tmp_path, STUDY.format(burst=TINY_BURST))
-    proc = knobtune("run", str(path), cwd=tmp_path, check=0)
+    proc = knobtune("run", str(path), *FAST, cwd=tmp_path, check=0)
     assert "baseline" in proc.stdout and "knobtune export tiny-tf" in proc.stdout
     study = optuna.load_study(study_name="tiny-tf", storage=f"sqlite:///{tmp_path / 'knobtune.db'}")
     done = [t for t in study.trials if t.user_attrs.get("outcome")]
@@ -180,7 +180,7 @@ def test_compare_two_frameworks(tmp_path: Path):
     for framework in ("pytorch", "tensorflow"):
         path = study_file(tmp_path, COMPARE.format(name=f"c-{framework}", framework=framework, workload="digits-mlp"),
                           f"{framework}.toml")
-        knobtune("run", str(path), cwd=tmp_path, check=0)
+        knobtune("run", str(path), *FAST, cwd=tmp_path, check=0)
     proc = knobtune("compare", "c-pytorch", "c-tensorflow", cwd=tmp_path, check=0)
     out = proc.stdout
     for row in ("baseline samples/s", "best samples/s", "best val_accuracy", "best warm-up s",
@@ -191,7 +191,7 @@ def test_compare_two_frameworks(tmp_path: Path):
     # another workload: refused, unless --force
     other = study_file(tmp_path, COMPARE.format(name="c-other", framework="tensorflow",
                                                 workload="kt_tf_workloads:tiny").replace("1280", "640"), "o.toml")
-    knobtune("run", str(other), cwd=tmp_path, check=0)
+    knobtune("run", str(other), *FAST, cwd=tmp_path, check=0)
     proc = knobtune("compare", "c-pytorch", "c-other", cwd=tmp_path, check=2)
     assert "trains 'digits-mlp' but 'c-other' trains 'kt_tf_workloads:tiny'" in proc.stderr and "--force" in proc.stderr
     proc = knobtune("compare", "c-pytorch", "c-other", "--force", cwd=tmp_path, check=0)
@@ -203,3 +203,16 @@ def test_compare_two_frameworks(tmp_path: Path):
     study.set_user_attr("fingerprint", {**study.user_attrs["fingerprint"], "cpu_model": "Some Other CPU"})
     proc = knobtune("compare", "c-pytorch", "c-tensorflow", cwd=tmp_path, check=2)
     assert "different hardware (cpu_model:" in proc.stderr
+
+
+def test_tensorflow_diagnose_and_time_to_accuracy(tmp_path: Path):
+    text = STUDY.format(burst=TINY_BURST).replace('seed = 2', 'seed = 2\nobjective = "time-to-accuracy"\n'
+                                                  'target_accuracy = 0.3\neval_every_samples = 96')
+    path = study_file(tmp_path, text.replace("trials = 3", "trials = 2"))
+    knobtune("run", str(path), "--no-confirm", cwd=tmp_path, check=0)
+    study = optuna.load_study(study_name="tiny-tf", storage=f"sqlite:///{tmp_path / 'knobtune.db'}")
+    base = study.trials[0]
+    assert base.user_attrs["target_reached"] is True and base.value == base.user_attrs["time_to_accuracy"]
+    diagnosis = study.user_attrs["diagnosis"]
+    assert diagnosis["baseline"]["bottleneck"] in ("input", "compute")
+    assert set(diagnosis["baseline"]["input_variants"]) == {"as configured", "all AUTOTUNE"}

@@ -8,6 +8,7 @@ from pathlib import Path
 
 from search.errors import UserError
 from search.export import best_config, load_existing
+from search.results import PICKS
 from search.storage import open_storage, resolve_url
 
 
@@ -19,12 +20,14 @@ def add(subparsers: argparse._SubParsersAction) -> None:
     p.add_argument("name", help="study name")
     p.add_argument("--storage", metavar="URL", help="Optuna storage URL (default: sqlite:///knobtune.db)")
     p.add_argument("-o", "--output", metavar="FILE", help="write here instead of standard output")
+    p.add_argument("--pick", choices=PICKS, default=None,
+                   help="pareto studies: which point of the front (default fastest-feasible)")
     p.set_defaults(func=main)
 
 
 def main(args: argparse.Namespace) -> int:
     study = load_existing(open_storage(resolve_url(args.storage)), args.name)
-    document = best_config(study)
+    document = best_config(study, args.pick)
     text = json.dumps(document, indent=2) + "\n"
     if args.output:
         path = Path(args.output)
@@ -33,8 +36,9 @@ def main(args: argparse.Namespace) -> int:
         path.write_text(text)
         m = document["metrics"]
         speedup = f", {m['speedup']:.2f}x the baseline" if m.get("speedup") else ""
-        sys.stderr.write(f"knobtune: wrote {path} (trial #{document['trial']}: "
-                         f"{m['samples_per_second']:,.0f} samples/s{speedup})\n")
+        how = " (the confirmed winner)" if document.get("confirmed") else ""
+        sys.stderr.write(f"knobtune: wrote {path}: trial #{document['trial']}{how}, "
+                         f"{m['samples_per_second']:,.0f} samples/s{speedup}\n")
     else:
         sys.stdout.write(text)
     return 0

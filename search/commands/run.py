@@ -38,6 +38,9 @@ def add(subparsers: argparse._SubParsersAction) -> None:
                    help="start no new trial after this many seconds")
     p.add_argument("--storage", metavar="URL", help="Optuna storage URL (default: [study] storage, else sqlite:///knobtune.db)")
     p.add_argument("--name", help="study name (default: [study] name)")
+    p.add_argument("--no-confirm", action="store_true",
+                   help="skip re-measuring the top candidates against the baseline after the trials")
+    p.add_argument("--no-diagnose", action="store_true", help="skip the bottleneck diagnosis after the trials")
     p.set_defaults(func=main)
 
 
@@ -45,4 +48,5 @@ def main(args: argparse.Namespace) -> int:
     parsed = definition.load(args.study_file)
     if args.name is not None and not args.name.strip():
         raise UserError("--name must not be empty")
-    return study.run(parsed, storage_url=args.storage, trials=args.trials, timeout=args.timeout, name=args.name)
+    return study.run(parsed, storage_url=args.storage, trials=args.trials, timeout=args.timeout, name=args.name,
+                     confirm_winners=not args.no_confirm, diagnose=not args.no_diagnose)

@@ -96,3 +96,46 @@ def not_a_workload() -> int:
 
 def needs_option(size: int) -> Workload:
     return tiny(train=size)
+
+
+class _Paced(nn.Module):
+    """The MLP with artificial costs by batch size: ``step_cost`` seconds per step for the batch
+    sizes listed, and ``warmup_cost`` seconds on the first call for others (like a compile)."""
+
+    def __init__(self, slow_batches: tuple[int, ...], step_cost: float, warm_batches: tuple[int, ...],
+                 warmup_cost: float) -> None:
+        super().__init__()
+        self.net = mlp()
+        self.slow, self.step_cost, self.warm, self.warmup_cost = slow_batches, step_cost, warm_batches, warmup_cost
+        self.calls = 0
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        self.calls += 1
+        if self.training and x.shape[0] in self.slow:
+            time.sleep(self.step_cost)
+        if self.training and self.calls == 1 and x.shape[0] in self.warm:
+            time.sleep(self.warmup_cost)
+        return self.net(x)
+
+
+def paced(slow: list[int] | None = None, step_cost: float = 0.0, warm: list[int] | None = None,
+          warmup_cost: float = 0.0, train: int = 320) -> Workload:
+    base = tiny(train=train)
+    base.build_model = lambda: _Paced(tuple(slow or ()), step_cost, tuple(warm or ()), warmup_cost)
+    return base
+
+
+def heavy() -> Workload:
+    """Cheap data (in-memory tensors), a wide model: compute-bound."""
+    from torch.utils.data import TensorDataset
+
+    generator = torch.Generator().manual_seed(0)
+    x = torch.rand(512, 1, 28, 28, generator=generator)
+    y = torch.randint(0, 10, (512,), generator=generator)
+
+    def model() -> nn.Module:
+        return nn.Sequential(nn.Flatten(), nn.Linear(784, 2048), nn.ReLU(), nn.Linear(2048, 2048), nn.ReLU(),
+                             nn.Linear(2048, 10))
+
+    return Workload(build_model=model, train_dataset=TensorDataset(x, y), eval_dataset=TensorDataset(x[:64], y[:64]),
+                    batch_size=32)

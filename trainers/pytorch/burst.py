@@ -270,6 +270,7 @@ def run(request: dict[str, Any]) -> dict[str, Any]:
             "cudnn_deterministic": torch.backends.cudnn.deterministic,
             "accumulation_steps": k,
             "torch_threads": torch.get_num_threads(),
+            "learning_rate": t.optimizer.param_groups[0]["lr"],
         },
     }
     if record.nan_step is not None:

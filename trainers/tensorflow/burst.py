@@ -274,6 +274,7 @@ def run(request: dict[str, Any]) -> dict[str, Any]:
             "accumulation_steps": applied["accumulation_steps"],
             "loop": loop,
             "intra_op_threads": tf.config.threading.get_intra_op_parallelism_threads(),
+            "learning_rate": float(t.optimizer.learning_rate),
         },
     }
     if applied["amp_skipped_steps"] is not None:

@@ -1,0 +1,101 @@
+"""Confirmation of winners: re-measure the top candidates and the baseline, interleaved
+(A B C base A B C base ...), so that drift of the machine hits all alike; the winner is the best
+median. A search over noisy measurements otherwise crowns whichever config got lucky once."""
+from __future__ import annotations
+
+import statistics
+from typing import Any, Callable, TextIO
+
+import optuna
+from optuna.trial import FrozenTrial
+
+from search import results
+from search.objective import Plan, measure, objective_values
+from search.progress import rate as fmt
+
+ProgressLine = Callable[[str], None]
+
+
+def candidates(study: optuna.Study, top_k: int) -> tuple[list[FrozenTrial], str | None]:
+    """The trials to confirm, and the pick their winner stands for (pareto: the front's picks)."""
+    if results.mode(study) == "pareto":
+        points = results.front(study)
+        picked = [results.pick_from_front(points, p) for p in results.PICKS]
+        unique = list({t.number: t for t in picked if t is not None}.values())
+        return unique, "fastest-feasible"
+    feasible = results.feasible(study)
+    reverse = results.mode(study) != "time-to-accuracy"
+    ranked = sorted(feasible, key=lambda t: t.value, reverse=reverse)
+    seen, out = set(), []
+    for t in ranked:
+        key = tuple(sorted(t.params.items()))
+        if key not in seen and not t.user_attrs.get("is_baseline"):
+            seen.add(key)
+            out.append(t)
+    return out[:top_k], None
+
+
+def _score(plan: Plan, attrs: dict[str, Any], base_acc: float | None) -> tuple[float | None, bool]:
+    """A confirmation run's objective number (samples/s, effective samples/s or seconds to
+    target) and whether it passed the guard."""
+    if attrs.get("outcome") != "ok" or attrs.get("val_accuracy") is None:
+        return None, False
+    from search.objective import Report
+
+    values, constraint, _ = objective_values(Report("ok", dict(attrs)), plan.definition, base_acc)
+    return values[0], constraint <= 0
+
+
+def confirm(study: optuna.Study, plan: Plan, err: TextIO) -> dict[str, Any] | None:
+    """Run the confirmation and store it in the study attribute ``confirmed``."""
+    cfg = plan.definition.confirm
+    chosen, pick = candidates(study, cfg.top_k)
+    base = results.baseline(study)
+    if not chosen or base is None or cfg.top_k == 0:
+        return None
+    noisy = any(t.user_attrs.get("noisy") for t in [*chosen, base])
+    repeats = cfg.noisy_repeats if noisy else cfg.repeats
+    lineup = [*chosen, base]
+    minimize = results.mode(study) == "time-to-accuracy"
+    err.write(f"knobtune: confirming {len(chosen)} candidate(s) and the baseline, {repeats} interleaved rounds"
+              f"{' (more rounds: some trials were noisy)' if noisy else ''} ...\n")
+    base_acc = base.user_attrs.get("val_accuracy")
+    runs: dict[str, list[dict[str, Any]]] = {str(t.number): [] for t in lineup}
+    order: list[int] = []
+    for r in range(repeats):
+        shown = []
+        for t in lineup:
+            resolved = plan.space.resolve(t.params, plan.offer, plan.ctx)
+            report = measure(plan, resolved, is_baseline=t is base)
+            score, ok = _score(plan, report.attrs, None if t is base else base_acc)
+            runs[str(t.number)].append({
+                "round": r, "value": score, "passed": ok, "outcome": report.outcome,
+                "samples_per_second": report.attrs.get("samples_per_second"),
+                "val_accuracy": report.attrs.get("val_accuracy"),
+            })
+            order.append(t.number)
+            value = report.attrs.get("samples_per_second") if report.outcome == "ok" else None
+            shown.append(f"{'baseline' if t is base else f'#{t.number}'} {fmt(value) if value else report.outcome}")
+        err.write(f"  round {r + 1}/{repeats}: " + "   ".join(shown) + "\n")
+    medians = {}
+    for number, entries in runs.items():
+        values = [e["value"] for e in entries if e["value"] is not None]
+        passed = sum(e["passed"] for e in entries) * 2 > len(entries)  # most runs pass the guard
+        medians[number] = statistics.median(values) if values and passed else None
+    contenders = [t for t in chosen if medians[str(t.number)] is not None]
+    record: dict[str, Any] = {"after_trials": len(results.finished(study)), "repeats": repeats, "noisy": noisy,
+                              "order": order, "runs": runs, "medians": medians, "baseline": base.number,
+                              "pick": pick, "minimize": minimize, "winner": None}
+    if contenders:
+        winner = (min if minimize else max)(contenders, key=lambda t: medians[str(t.number)])
+        w_runs, b_runs = runs[str(winner.number)], runs[str(base.number)]
+        ratios = []
+        for w, b in zip(w_runs, b_runs):  # paired by round: the same moment of the machine
+            if w["value"] and b["value"]:
+                ratios.append(b["value"] / w["value"] if minimize else w["value"] / b["value"])
+        record.update(winner=winner.number,
+                      speedup=statistics.median(ratios) if ratios else None,
+                      speedup_range=[min(ratios), max(ratios)] if ratios else None,
+                      searched_winner=results.searched_best(study).number if results.searched_best(study) else None)
+    study.set_user_attr("confirmed", record)
+    return record

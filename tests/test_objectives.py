@@ -1,0 +1,189 @@
+"""Objective modes, pruning, confirmation, amortisation, effective batch, diagnosis: end to end
+through the CLI on tiny data."""
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import optuna
+import pytest
+
+from conftest import FAST, TINY_BURST, knobtune, study_file
+from search import definition, results
+from search.errors import UserError
+
+
+
+def body(name: str, extra_study: str = "", space: str = "batch_size = [16, 32]", extra: str = "",
+         workload: str = "kt_test_workloads:tiny", trials: int = 3, burst: str = TINY_BURST) -> str:
+    return f"""
+[study]
+name = "{name}"
+framework = "pytorch"
+workload = "{workload}"
+trials = {trials}
+seed = 4
+{extra_study}
+{burst}
+[baseline]
+batch_size = 32
+[space]
+{space}
+accumulation_steps = [1]
+num_workers = [0]
+compile = ["off"]
+intra_op_threads = [0]
+amp = ["off", "bf16"]
+{extra}
+"""
+
+
+def load(tmp: Path, name: str) -> optuna.Study:
+    return optuna.load_study(study_name=name, storage=f"sqlite:///{tmp / 'knobtune.db'}")
+
+
+def test_pareto_front_is_consistent_and_export_picks_from_it(tmp_path: Path):
+    path = study_file(tmp_path, body("pareto", 'objective = "pareto"', trials=4))
+    proc = knobtune("run", str(path), "--no-diagnose", cwd=tmp_path, check=0)
+    study = load(tmp_path, "pareto")
+    assert len(study.directions) == 2
+    front = results.front(study)
+    assert front and all(results.is_feasible(t) for t in front)
+    assert {t.number for t in front} == {t.number for t in study.best_trials}
+    for t in front:  # no feasible trial beats a front point on both objectives
+        assert not any(results.rate(o) > results.rate(t) and o.user_attrs["val_accuracy"] > t.user_attrs["val_accuracy"]
+                       for o in results.feasible(study))
+    assert "pareto front" in proc.stdout and not [t for t in study.trials if t.user_attrs.get("outcome") == "pruned"]
+    # the confirmation re-measured the front's three picks; its winner stands for fastest-feasible
+    confirmed = study.user_attrs["confirmed"]
+    assert set(map(int, confirmed["runs"])) - {0} <= {t.number for t in front}
+    for pick in results.PICKS:
+        knobtune("export", "pareto", "--pick", pick, "-o", f"{pick}.json", cwd=tmp_path, check=0)
+        doc = json.loads((tmp_path / f"{pick}.json").read_text())
+        expected = confirmed["winner"] if pick == "fastest-feasible" else results.pick_from_front(front, pick).number
+        assert doc["trial"] == expected and doc["pick"] == pick
+
+
+def test_time_to_accuracy_reaches_a_low_target_and_fails_an_impossible_one(tmp_path: Path):
+    tta = 'objective = "time-to-accuracy"\neval_every_samples = 96'
+    easy = study_file(tmp_path, body("easy", tta + "\ntarget_accuracy = 0.3", trials=2), "easy.toml")
+    knobtune("run", str(easy), *FAST, cwd=tmp_path, check=0)
+    study = load(tmp_path, "easy")
+    assert study.directions == [optuna.study.StudyDirection.MINIMIZE]
+    base = study.trials[0]
+    assert base.user_attrs["target_reached"] is True and base.value == base.user_attrs["time_to_accuracy"] > 0
+    assert base.user_attrs["accuracy_reached"] >= 0.3 and results.is_feasible(base)
+    assert len(base.user_attrs["evaluations"]) < 6  # it stopped early, at the target
+
+    hard = study_file(tmp_path, body("hard", tta + "\ntarget_accuracy = 0.9999", trials=2), "hard.toml")
+    proc = knobtune("run", str(hard), *FAST, cwd=tmp_path, check=0)
+    study = load(tmp_path, "hard")
+    done = [t for t in study.trials if t.user_attrs.get("outcome") == "ok"]
+    assert done and not any(results.is_feasible(t) for t in done)
+    assert all(t.constraints["accuracy"] > 0 and t.user_attrs["accuracy_reached"] < 0.9999 for t in done)
+    assert "target not reached" in proc.stdout + proc.stderr
+    proc = knobtune("export", "hard", cwd=tmp_path, check=2)
+    assert "no feasible trial" in proc.stderr
+
+
+def test_pruning_stops_a_slow_trial(tmp_path: Path):
+    path = study_file(tmp_path, body("prune", workload="kt_test_workloads:paced", trials=2,
+                                     extra='[workload]\nslow = [16]\nstep_cost = 0.05').replace(
+        'amp = ["off", "bf16"]', 'amp = ["off"]'))
+    proc = knobtune("run", str(path), *FAST, cwd=tmp_path, check=0)
+    study = load(tmp_path, "prune")
+    slow = [t for t in study.trials if t.params.get("batch_size") == 16 and t.user_attrs.get("outcome")]
+    assert len(slow) == 1
+    t = slow[0]
+    assert t.state == optuna.trial.TrialState.PRUNED and t.user_attrs["outcome"] == "pruned"
+    assert t.user_attrs["failure"].startswith("pruned after 2 of 3 windows")
+    assert len(t.intermediate_values) == 2 and not t.constraints  # slow, not infeasible
+    assert "pruning: 1 trial(s) stopped early" in proc.stdout
+
+
+def test_confirmation_interleaves_and_export_follows_the_confirmed_winner(tmp_path: Path):
+    extra = "[confirm]\ntop_k = 2\nrepeats = 2\nnoisy_repeats = 3\nnoise_cv = 0.000001"
+    path = study_file(tmp_path, body("confirm", trials=4, extra=extra))
+    proc = knobtune("run", str(path), "--no-diagnose", cwd=tmp_path, check=0)
+    study = load(tmp_path, "confirm")
+    confirmed = study.user_attrs["confirmed"]
+    assert confirmed["noisy"] is True and confirmed["repeats"] == 3  # every trial is "noisy" at cv > 0.0001 %
+    lineup = [int(n) for n in confirmed["runs"]]
+    assert len(lineup) == 3 and lineup[-1] == confirmed["baseline"] == 0
+    assert confirmed["order"] == lineup * 3  # A B base A B base A B base
+    assert all(len(runs) == 3 for runs in confirmed["runs"].values())
+    winner = confirmed["winner"]
+    assert winner in lineup[:-1]
+    assert confirmed["medians"][str(winner)] == max(confirmed["medians"][str(n)] for n in lineup[:-1]
+                                                    if confirmed["medians"][str(n)] is not None)
+    assert "confirmed: trial #" in proc.stdout and "interleaved rounds" in proc.stdout
+    export = knobtune("export", "confirm", "-o", "best.json", cwd=tmp_path, check=0)
+    doc = json.loads((tmp_path / "best.json").read_text())
+    assert doc["trial"] == winner and doc["confirmed"]["rounds"] == 3 and "confirmed winner" in export.stderr
+    assert all(t.user_attrs.get("noisy") for t in study.trials if t.user_attrs.get("outcome") == "ok")
+
+
+def test_amortisation_flips_the_choice_for_a_costly_warm_up(tmp_path: Path):
+    # (the guard is loose here: on 320 samples the two batch sizes' accuracies differ by chance)
+    workload = '[guard]\nmax_accuracy_drop = 0.3\n[workload]\nslow = [32]\nstep_cost = 0.004\nwarm = [16]\nwarmup_cost = 2.0'
+    for name, job in (("steady", ""), ("short-job", "job_samples = 2000")):
+        path = study_file(tmp_path, body(name, job, workload="kt_test_workloads:paced", trials=2, extra=workload)
+                          .replace('amp = ["off", "bf16"]', 'amp = ["off"]'), f"{name}.toml")
+        knobtune("run", str(path), *FAST, cwd=tmp_path, check=0)
+    steady, short = results.best(load(tmp_path, "steady")), results.best(load(tmp_path, "short-job"))
+    assert steady.params["batch_size"] == 16  # fastest steady state, despite its 2 s warm-up
+    assert short.params["batch_size"] == 32  # over a 2000-sample job the warm-up does not pay off
+    a = short.user_attrs
+    assert a["effective_samples_per_second"] == pytest.approx(2000 / (a["warmup_seconds"] + 2000 / a["samples_per_second"]))
+
+
+def test_effective_batch_stays_fixed_and_lr_scales(tmp_path: Path):
+    path = study_file(tmp_path, body("effective", 'lr_scaling = "linear"', trials=3,
+                                     space="batch_size = [16, 32, 64]\neffective_batch_size = 64")
+                      .replace("accumulation_steps = [1]\n", ""))
+    knobtune("run", str(path), *FAST, cwd=tmp_path, check=0)
+    done = [t for t in load(tmp_path, "effective").trials if t.user_attrs.get("outcome")]
+    assert len({t.params["batch_size"] for t in done}) >= 2
+    for t in done:
+        knobs = t.user_attrs["knobs"]
+        assert t.user_attrs["effective_batch_size"] == 64
+        assert knobs["accumulation_steps"]["value"] * knobs["batch_size"]["value"] == 64
+        assert t.user_attrs["lr_scale"] == 1.0 and t.user_attrs["applied"]["learning_rate"] == pytest.approx(1e-3)
+    path = study_file(tmp_path, body("lr", 'lr_scaling = "sqrt"', trials=2, space="batch_size = [32, 128]")
+                      .replace('amp = ["off", "bf16"]', 'amp = ["off"]'), "lr.toml")
+    knobtune("run", str(path), *FAST, cwd=tmp_path, check=0)
+    big = [t for t in load(tmp_path, "lr").trials if t.params.get("batch_size") == 128 and t.user_attrs.get("outcome")]
+    assert big and big[0].user_attrs["lr_scale"] == pytest.approx(2.0)
+    assert big[0].user_attrs["applied"]["learning_rate"] == pytest.approx(2e-3)
+
+
+@pytest.mark.parametrize("workload, options, expected", [
+    ("kt_test_workloads:sleepy", "[workload]\nseconds = 0.003", "bottleneck: input"),
+    ("kt_test_workloads:heavy", "", "bottleneck: compute"),
+])
+def test_diagnose_names_the_bottleneck(tmp_path: Path, workload: str, options: str, expected: str):
+    path = study_file(tmp_path, body("diag", workload=workload, extra=options, space="batch_size = [32]"))
+    proc = knobtune("diagnose", str(path), cwd=tmp_path, check=0)
+    assert f"baseline: {expected}" in proc.stdout and "input ceiling" in proc.stdout and "compute ceiling" in proc.stdout
+
+
+@pytest.mark.parametrize("text, expected", [
+    ('objective = "fastest"', "objective must be one of throughput, pareto, time-to-accuracy"),
+    ('objective = "time-to-accuracy"', "needs [study] target_accuracy"),
+    ('lr_scaling = "cubic"', "lr_scaling must be one of none, linear, sqrt"),
+    ("prune_below = 2", "prune_below must be"),
+])
+def test_bad_objective_settings(text: str, expected: str):
+    head = '[study]\nframework = "pytorch"\nworkload = "digits-mlp"\n'
+    with pytest.raises(UserError, match=expected.replace("[", r"\[").replace("]", r"\]")):
+        definition.parse(head + text + "\n", "s.toml", "s")
+
+
+def test_effective_batch_rules():
+    head = '[study]\nframework = "pytorch"\nworkload = "digits-mlp"\n'
+    with pytest.raises(UserError, match="fixes accumulation_steps"):
+        definition.parse(head + "[space]\neffective_batch_size = 64\naccumulation_steps = [1, 2]\n", "s.toml", "s")
+    with pytest.raises(UserError, match="not a multiple of"):
+        definition.parse(head + "[baseline]\nbatch_size = 48\n[space]\neffective_batch_size = 64\n", "s.toml", "s")
+    d = definition.parse(head + "[space]\neffective_batch_size = 128\n", "s.toml", "s")
+    assert d.effective_batch_size == 128 and "effective_batch_size" not in d.space
