@@ -52,6 +52,7 @@ test-cuda: install
 benchmark: install
 	$(PY) benchmarks/search_vs_grid.py
 	$(PY) benchmarks/frameworks.py
+	$(PY) benchmarks/search_quality.py
 
 dashboard: install
 	$(VENV)/bin/knobtune dashboard

@@ -110,8 +110,8 @@ def _enqueue_baseline(study: optuna.Study, plan: Plan) -> None:
 
 def _enqueue_advice(study: optuna.Study, plan: Plan) -> None:
     """Once per study, after its baseline succeeded: the seeds' advice applied by hand."""
-    if study.user_attrs.get("advice_enqueued"):
-        return
+    if study.user_attrs.get("advice_enqueued") or plan.definition.study.sampler != "tpe":
+        return  # sampler = "random" is plain random search: no expert start
     study.set_user_attr("advice_enqueued", True)
     baseline = plan.space.baseline_params(plan.offer, plan.ctx, plan.definition.baseline)
     advice = plan.space.advice_params(plan.offer, plan.ctx, plan.definition.baseline)

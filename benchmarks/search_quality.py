@@ -1,0 +1,156 @@
+"""Search quality: knobtune's search vs Optuna's RandomSampler vs a Lightning-style policy.
+
+One run on this machine, on digits-mlp, over a space small enough to enumerate:
+  1. the exhaustive grid, each configuration measured once: the reference table;
+  2. for each seed, with the same trial budget: a knobtune study (TPE, baseline, the seeds'
+     advice, confirmation of the winner) and a plain random-search study (RandomSampler, the
+     baseline first as the accuracy guard needs it, no advice, no confirmation);
+  3. the Lightning-style policy: the largest batch that runs, every other knob at its default;
+  4. the knobtune winner trained 10x longer, against the samples/s its burst predicted.
+Every configuration is scored by its entry in the grid table (one common measurement), so the
+strategies are compared on what they chose, not on the luck of their own measurements.
+
+Prints, as ratios: best found / grid best, trials to reach 95 % of the grid best (knobtune vs
+random), Lightning-style / knobtune, and the burst's prediction error.
+
+    .venv/bin/python benchmarks/search_quality.py [--framework pytorch] [--trials 10] [--seeds 3]
+"""
+from __future__ import annotations
+
+import argparse
+import statistics
+import sys
+import tempfile
+from dataclasses import replace
+from pathlib import Path
+from typing import Any
+
+from _bench import plan_for, run_params, run_study, study_text
+
+SPACES = {
+    "pytorch": """batch_size = [64, 128, 256, 512]
+num_workers = [0, 2]
+intra_op_threads = [0, 1]
+amp = ["off", "bf16"]
+accumulation_steps = [1]
+compile = ["off"]
+prefetch_factor = [2]
+persistent_workers = [true]
+""",
+    "tensorflow": """batch_size = [64, 128, 256, 512]
+map_parallel_calls = [0, "autotune"]
+prefetch = [0, "autotune"]
+steps_per_execution = [1, 8]
+accumulation_steps = [1]
+cycle_length = [1]
+interleave_parallel_calls = [0]
+cache = [false]
+jit_compile = [false]
+mixed_precision = ["float32"]
+loop = ["fit"]
+intra_op_threads = [0]
+deterministic = [true]
+""",
+}
+BASELINE_EXTRA = {"pytorch": "persistent_workers = true\n", "tensorflow": ""}
+
+
+def key(params: dict[str, Any]) -> tuple:
+    return tuple(sorted(params.items()))
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--framework", choices=sorted(SPACES), default="pytorch")
+    parser.add_argument("--trials", type=int, default=10, help="trial budget per search (default 10)")
+    parser.add_argument("--seeds", type=int, default=3)
+    args = parser.parse_args()
+    fw = args.framework
+
+    def text(name: str, seed: int, sampler: str = "tpe") -> str:
+        t = study_text(name, fw, args.trials, seed, SPACES[fw])
+        t = t.replace("[baseline]\nbatch_size = 64\n", "[baseline]\nbatch_size = 64\n" + BASELINE_EXTRA[fw])
+        return t.replace(f"seed = {seed}\n", f"seed = {seed}\nsampler = \"{sampler}\"\n")
+
+    plan = plan_for(text("grid", 0))
+    space, offer = plan.space, plan.offer
+    drop = plan.definition.guard.max_accuracy_drop
+
+    print(f"1. exhaustive grid ({fw})", flush=True)
+    grid = list(space.grid(offer))
+    table: dict[tuple, tuple[float, float]] = {}
+    for i, params in enumerate(grid):
+        r = run_params(plan, params, f"{i + 1}/{len(grid)}")
+        table[key(params)] = (r.samples_per_second or 0.0, r.val_accuracy or 0.0)
+    base_params = space.baseline_params(offer, plan.ctx, plan.definition.baseline)
+    floor = table[key(base_params)][1] - drop
+    feasible = {k: v for k, v in table.items() if v[1] >= floor}
+    grid_best = max(v[0] for v in feasible.values())
+
+    def score(params: dict[str, Any]) -> float:
+        value = table.get(key(params))
+        return value[0] if value and value[1] >= floor else 0.0
+
+    def to_95(study: Any) -> int | None:
+        best = 0.0
+        numbered = [t for t in sorted(study.trials, key=lambda t: t.number) if t.user_attrs.get("outcome")]
+        for i, t in enumerate(numbered, start=1):
+            best = max(best, score(t.params))
+            if best >= 0.95 * grid_best:
+                return i
+        return None
+
+    from search import results
+
+    found: dict[str, list[float]] = {"knobtune": [], "random": []}
+    reach: dict[str, list[int | None]] = {"knobtune": [], "random": []}
+    winners = []
+    with tempfile.TemporaryDirectory() as tmp:
+        url = f"sqlite:///{Path(tmp) / 'quality.db'}"
+        for seed in range(args.seeds):
+            for strategy, sampler in (("knobtune", "tpe"), ("random", "random")):
+                print(f"\n2. seed {seed}: {strategy}, {args.trials} trials", flush=True)
+                study, _ = run_study(text(f"{strategy}-{seed}", seed, sampler), url)
+                chosen = results.best(study)
+                found[strategy].append(score(chosen.params) / grid_best if chosen else 0.0)
+                reach[strategy].append(to_95(study))
+                if strategy == "knobtune" and chosen:
+                    winners.append(chosen)
+
+    print("\n3. Lightning-style: the largest batch that runs, other knobs at defaults", flush=True)
+    lightning = dict(base_params, batch_size=max(offer.choices["batch_size"]))
+    l_sps, l_acc = table[key(lightning)]
+
+    print("\n4. the knobtune winner (seed 0), 10x longer", flush=True)
+    winner = winners[0]
+    burst = plan.definition.burst
+    long_plan = replace(plan, definition=replace(plan.definition, burst=replace(
+        burst, train_samples=burst.train_samples * 10, timeout_s=burst.timeout_s * 10)))
+    long_run = run_params(long_plan, dict(winner.params), "10x")
+    predicted = winner.user_attrs["samples_per_second"]
+
+    def fmt_reach(values: list[int | None]) -> str:
+        got = [v for v in values if v is not None]
+        return (f"median {statistics.median(got):.0f} trials" if got else "never") + \
+            f" ({len(got)}/{len(values)} seeds reached it: {values})"
+
+    k_found, r_found = statistics.median(found["knobtune"]), statistics.median(found["random"])
+    knob_best = statistics.median([score(w.params) for w in winners]) or float("nan")
+    print(f"\n=== search quality on digits-mlp ({fw}), this machine; {len(grid)} configurations, "
+          f"{len(feasible)} pass the accuracy guard (>= {floor:.3f}); budget {args.trials} trials, {args.seeds} seeds ===")
+    print(f"grid best: {grid_best:,.0f} samples/s")
+    print(f"best found / grid best     knobtune {k_found:.2f} (seeds {[round(v, 2) for v in found['knobtune']]})   "
+          f"random {r_found:.2f} (seeds {[round(v, 2) for v in found['random']]})")
+    print(f"trials to 95% of grid best knobtune {fmt_reach(reach['knobtune'])}")
+    print(f"                           random   {fmt_reach(reach['random'])}")
+    print(f"Lightning-style / knobtune = {l_sps / knob_best:.2f}  (batch {lightning['batch_size']}: {l_sps:,.0f} samples/s, "
+          f"accuracy {l_acc:.3f}{'' if l_acc >= floor else ', BELOW the accuracy guard'})")
+    if long_run.samples_per_second:
+        error = predicted / long_run.samples_per_second - 1
+        print(f"prediction error           burst {predicted:,.0f} vs 10x run {long_run.samples_per_second:,.0f} "
+              f"samples/s: {error:+.0%}")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
