@@ -43,8 +43,9 @@ def study_text(name: str, framework: str, trials: int, seed: int, space: str) ->
     return STUDY_HEAD.format(name=name, framework=framework, trials=trials, seed=seed) + space
 
 
-def run_study(text: str, url: str) -> tuple[Any, float]:
-    """Run the study in ``text`` on storage ``url`` (its trial lines to stdout); the study, wall s."""
+def run_study(text: str, url: str, confirm: bool = False, diagnose: bool = False) -> tuple[Any, float]:
+    """Run the study in ``text`` on storage ``url`` (its trial lines to stdout); the study, wall s.
+    Confirmation and diagnosis are off unless asked for: the benchmarks re-measure side by side."""
     import io
     import time
 
@@ -54,7 +55,7 @@ def run_study(text: str, url: str) -> tuple[Any, float]:
 
     d = definition.parse(text, default_name="benchmark")
     start = time.monotonic()
-    study_mod.run(d, storage_url=url, out=io.StringIO(), err=sys.stdout)
+    study_mod.run(d, storage_url=url, out=io.StringIO(), err=sys.stdout, confirm_winners=confirm, diagnose=diagnose)
     return optuna.load_study(study_name=d.study.name, storage=url), time.monotonic() - start
 
 

@@ -110,7 +110,7 @@ def main() -> int:
         for seed in range(args.seeds):
             for strategy, sampler in (("knobtune", "tpe"), ("random", "random")):
                 print(f"\n2. seed {seed}: {strategy}, {args.trials} trials", flush=True)
-                study, _ = run_study(text(f"{strategy}-{seed}", seed, sampler), url)
+                study, _ = run_study(text(f"{strategy}-{seed}", seed, sampler), url, confirm=strategy == "knobtune")
                 chosen = results.best(study)
                 found[strategy].append(score(chosen.params) / grid_best if chosen else 0.0)
                 reach[strategy].append(to_95(study))
