@@ -46,6 +46,14 @@ def _score(plan: Plan, attrs: dict[str, Any], base_acc: float | None) -> tuple[f
     return values[0], constraint <= 0
 
 
+def _paired(runs: list[dict[str, Any]], base_runs: list[dict[str, Any]], minimize: bool) -> dict[str, Any]:
+    """The median speedup over the baseline, paired by round (the same moment of the machine)."""
+    ratios = [b["value"] / r["value"] if minimize else r["value"] / b["value"]
+              for r, b in zip(runs, base_runs) if r["value"] and b["value"]]
+    return {"speedup": statistics.median(ratios) if ratios else None,
+            "speedup_range": [min(ratios), max(ratios)] if ratios else None}
+
+
 def confirm(study: optuna.Study, plan: Plan, err: TextIO) -> dict[str, Any] | None:
     """Run the confirmation and store it in the study attribute ``confirmed``."""
     cfg = plan.definition.confirm
@@ -72,6 +80,7 @@ def confirm(study: optuna.Study, plan: Plan, err: TextIO) -> dict[str, Any] | No
                 "round": r, "value": score, "passed": ok, "outcome": report.outcome,
                 "samples_per_second": report.attrs.get("samples_per_second"),
                 "val_accuracy": report.attrs.get("val_accuracy"),
+                "knobs": {k: v["value"] for k, v in report.attrs.get("knobs", {}).items() if v.get("applied")},
             })
             order.append(t.number)
             value = report.attrs.get("samples_per_second") if report.outcome == "ok" else None
@@ -82,20 +91,21 @@ def confirm(study: optuna.Study, plan: Plan, err: TextIO) -> dict[str, Any] | No
         values = [e["value"] for e in entries if e["value"] is not None]
         passed = sum(e["passed"] for e in entries) * 2 > len(entries)  # most runs pass the guard
         medians[number] = statistics.median(values) if values and passed else None
-    contenders = [t for t in chosen if medians[str(t.number)] is not None]
+    # the baseline contends too: when no candidate beats it side by side, keeping it is the answer
+    contenders = [t for t in lineup if medians[str(t.number)] is not None]
     record: dict[str, Any] = {"after_trials": len(results.finished(study)), "repeats": repeats, "noisy": noisy,
                               "order": order, "runs": runs, "medians": medians, "baseline": base.number,
                               "pick": pick, "minimize": minimize, "winner": None}
+    best_of = min if minimize else max
     if contenders:
-        winner = (min if minimize else max)(contenders, key=lambda t: medians[str(t.number)])
-        w_runs, b_runs = runs[str(winner.number)], runs[str(base.number)]
-        ratios = []
-        for w, b in zip(w_runs, b_runs):  # paired by round: the same moment of the machine
-            if w["value"] and b["value"]:
-                ratios.append(b["value"] / w["value"] if minimize else w["value"] / b["value"])
-        record.update(winner=winner.number,
-                      speedup=statistics.median(ratios) if ratios else None,
-                      speedup_range=[min(ratios), max(ratios)] if ratios else None,
-                      searched_winner=results.searched_best(study).number if results.searched_best(study) else None)
+        winner = best_of(contenders, key=lambda t: medians[str(t.number)])
+        searched = results.searched_best(study)
+        record.update(winner=winner.number, searched_winner=searched.number if searched else None,
+                      **_paired(runs[str(winner.number)], runs[str(base.number)], minimize))
+        challengers = [t for t in contenders if t is not base]
+        if winner is base and challengers:  # say how close the best candidate came
+            runner_up = best_of(challengers, key=lambda t: medians[str(t.number)])
+            record["runner_up"] = {"trial": runner_up.number,
+                                   **_paired(runs[str(runner_up.number)], runs[str(base.number)], minimize)}
     study.set_user_attr("confirmed", record)
     return record

@@ -49,7 +49,8 @@ def best_config(study: optuna.Study, pick: str | None = None) -> dict[str, Any]:
             "median": confirmed["medians"][str(best.number)],
             "baseline_median": confirmed["medians"][str(confirmed["baseline"])],
             "speedup": confirmed.get("speedup"), "speedup_range": confirmed.get("speedup_range"),
-            "rounds": confirmed["repeats"], "unit": "seconds to target" if confirmed.get("minimize") else "samples/s",
+            "rounds": confirmed["repeats"], "baseline_won": best.number == confirmed["baseline"],
+            "unit": "seconds to target" if confirmed.get("minimize") else "samples/s",
         }
     return {
         "format": FORMAT,

@@ -67,6 +67,24 @@ def _applied(trial: FrozenTrial) -> dict[str, Any]:
     return {k: v for k, v in results.knob_values(trial).items() if trial.user_attrs["knobs"][k].get("applied")}
 
 
+def _confirmed_line(confirmed: dict[str, Any]) -> str:
+    """``confirmed: trial #4 is 1.31x the baseline (range ...)``, or that the baseline held."""
+    def spread(entry: dict[str, Any]) -> str:
+        lo, hi = entry.get("speedup_range") or (None, None)
+        return f" (range {lo:.2f}x-{hi:.2f}x over {confirmed['repeats']} interleaved rounds)" if lo else ""
+
+    if confirmed["winner"] == confirmed["baseline"]:
+        runner = confirmed.get("runner_up")
+        closest = (f"; the closest candidate, trial #{runner['trial']}, ran at {runner['speedup']:.2f}x"
+                   f"{spread(runner)}") if runner and runner.get("speedup") else ""
+        return (f"  confirmed: no candidate beat the baseline side by side, so the baseline is the winner"
+                f"{closest}")
+    changed = "" if confirmed.get("searched_winner") in (None, confirmed["winner"]) else \
+        f"; the search's own best was #{confirmed['searched_winner']}"
+    speedup = f"{confirmed['speedup']:.2f}x" if confirmed.get("speedup") else "(no paired rounds)"
+    return f"  confirmed: trial #{confirmed['winner']} is {speedup} the baseline{spread(confirmed)}{changed}"
+
+
 def study_summary(study: optuna.Study, url: str) -> str:
     """The end-of-run table: baseline vs best (confirmed), what changed, outcomes, pruning,
     the bottleneck, and what to do next."""
@@ -103,12 +121,7 @@ def study_summary(study: optuna.Study, url: str) -> str:
                          f"{rate(best.user_attrs['effective_samples_per_second'])} over the planned job "
                          f"(warm-up {best.user_attrs.get('warmup_seconds', 0):.1f} s paid once)")
     if confirmed and confirmed.get("winner") is not None:
-        lo, hi = confirmed.get("speedup_range") or (None, None)
-        spread = f" (range {lo:.2f}x-{hi:.2f}x over {confirmed['repeats']} interleaved rounds)" if lo else ""
-        changed = "" if confirmed.get("searched_winner") in (None, confirmed["winner"]) else \
-            f"; the search's own best was #{confirmed['searched_winner']}"
-        lines.append(f"  confirmed: trial #{confirmed['winner']} is {confirmed['speedup']:.2f}x the baseline"
-                     f"{spread}{changed}")
+        lines.append(_confirmed_line(confirmed))
     elif confirmed:
         lines.append("  confirmed: no candidate held up in the confirmation runs; the search's best is shown")
     pruned = [t for t in results.finished(study) if t.user_attrs.get("outcome") == "pruned"]

@@ -201,7 +201,10 @@ class Space:
                 values[knob.name] = derived
                 resolved[knob.name] = Resolved(derived, True, "effective_batch_size / batch_size")
                 continue
-            value = suggested.get(knob.name, defaults[knob.name])
+            options = offer.choices.get(knob.name, ())
+            # a knob narrowed to one choice is never asked of the sampler, so it is not in a
+            # trial's params: that choice, not the framework default, is what the trial ran with
+            value = suggested.get(knob.name, options[0] if len(options) == 1 else defaults[knob.name])
             why = knob.inactive(values)
             if why:
                 resolved[knob.name] = Resolved(knob.default_for(ctx), False, why)

@@ -103,7 +103,11 @@ def test_pruning_stops_a_slow_trial(tmp_path: Path):
 
 def test_confirmation_interleaves_and_export_follows_the_confirmed_winner(tmp_path: Path):
     extra = "[confirm]\ntop_k = 2\nrepeats = 2\nnoisy_repeats = 3\nnoise_cv = 0.000001"
-    path = study_file(tmp_path, body("confirm", trials=4, extra=extra))
+    # intra_op_threads fixed to a non-default value (baseline and the only choice): the sampler never
+    # sees it, yet the confirmation runs must apply it exactly as the trials did
+    text = body("confirm", trials=4, extra=extra).replace("intra_op_threads = [0]", "intra_op_threads = [1]")
+    text = text.replace("[baseline]\n", "[baseline]\nintra_op_threads = 1\n")
+    path = study_file(tmp_path, text)
     proc = knobtune("run", str(path), "--no-diagnose", cwd=tmp_path, check=0)
     study = load(tmp_path, "confirm")
     confirmed = study.user_attrs["confirmed"]
@@ -112,14 +116,21 @@ def test_confirmation_interleaves_and_export_follows_the_confirmed_winner(tmp_pa
     assert len(lineup) == 3 and lineup[-1] == confirmed["baseline"] == 0
     assert confirmed["order"] == lineup * 3  # A B base A B base A B base
     assert all(len(runs) == 3 for runs in confirmed["runs"].values())
-    winner = confirmed["winner"]
-    assert winner in lineup[:-1]
-    assert confirmed["medians"][str(winner)] == max(confirmed["medians"][str(n)] for n in lineup[:-1]
+    for number, runs in confirmed["runs"].items():
+        ran_with = {k: v["value"] for k, v in study.trials[int(number)].user_attrs["knobs"].items() if v["applied"]}
+        assert ran_with["intra_op_threads"] == 1
+        assert all(run["knobs"] == ran_with for run in runs), (number, ran_with, runs)
+    winner = confirmed["winner"]  # the best median, the baseline included
+    assert winner in lineup
+    assert confirmed["medians"][str(winner)] == max(confirmed["medians"][str(n)] for n in lineup
                                                     if confirmed["medians"][str(n)] is not None)
-    assert "confirmed: trial #" in proc.stdout and "interleaved rounds" in proc.stdout
+    assert ("confirmed: trial #" if winner else "no candidate beat the baseline") in proc.stdout
+    assert "interleaved rounds" in proc.stdout
     export = knobtune("export", "confirm", "-o", "best.json", cwd=tmp_path, check=0)
     doc = json.loads((tmp_path / "best.json").read_text())
-    assert doc["trial"] == winner and doc["confirmed"]["rounds"] == 3 and "confirmed winner" in export.stderr
+    assert doc["trial"] == winner and doc["confirmed"]["rounds"] == 3
+    assert doc["confirmed"]["baseline_won"] == (winner == 0)
+    assert ("confirmed winner" if winner else "no candidate beat it") in export.stderr
     assert all(t.user_attrs.get("noisy") for t in study.trials if t.user_attrs.get("outcome") == "ok")
 
 

@@ -36,7 +36,10 @@ def main(args: argparse.Namespace) -> int:
         path.write_text(text)
         m = document["metrics"]
         speedup = f", {m['speedup']:.2f}x the baseline" if m.get("speedup") else ""
-        how = " (the confirmed winner)" if document.get("confirmed") else ""
+        how = ""
+        if document.get("confirmed"):
+            how = (" (the baseline: no candidate beat it in the confirmation runs)"
+                   if document["confirmed"].get("baseline_won") else " (the confirmed winner)")
         sys.stderr.write(f"knobtune: wrote {path}: trial #{document['trial']}{how}, "
                          f"{m['samples_per_second']:,.0f} samples/s{speedup}\n")
     else:
