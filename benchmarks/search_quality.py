@@ -6,7 +6,7 @@ One run on this machine, on digits-mlp, over a space small enough to enumerate:
      advice, confirmation of the winner) and a plain random-search study (RandomSampler, the
      baseline first as the accuracy guard needs it, no advice, no confirmation);
   3. the Lightning-style policy: the largest batch that runs, every other knob at its default;
-  4. the knobtune winner trained 10x longer, against the samples/s its burst predicted.
+  4. the knobtune winner: burst-length and 10x longer runs, paired, against what it predicted.
 Every configuration is scored by its entry in the grid table (one common measurement), so the
 strategies are compared on what they chose, not on the luck of their own measurements.
 
@@ -60,6 +60,8 @@ def main() -> int:
     parser.add_argument("--framework", choices=sorted(SPACES), default="pytorch")
     parser.add_argument("--trials", type=int, default=10, help="trial budget per search (default 10)")
     parser.add_argument("--seeds", type=int, default=3)
+    parser.add_argument("--long-repeats", type=int, default=2,
+                        help="paired burst / 10x runs of the winner for the prediction error (default 2)")
     parser.add_argument("--grid-repeats", type=int, default=2,
                         help="passes over the grid; each config is scored by its median (default 2)")
     args = parser.parse_args()
@@ -109,7 +111,7 @@ def main() -> int:
 
     found: dict[str, list[float]] = {"knobtune": [], "random": []}
     reach: dict[str, list[int | None]] = {"knobtune": [], "random": []}
-    winners = []
+    winners, study_of_winner = [], []
     with tempfile.TemporaryDirectory() as tmp:
         url = f"sqlite:///{Path(tmp) / 'quality.db'}"
         for seed in range(args.seeds):
@@ -121,18 +123,25 @@ def main() -> int:
                 reach[strategy].append(to_95(study))
                 if strategy == "knobtune" and chosen:
                     winners.append(chosen)
+                    study_of_winner.append(study)
 
     print("\n3. Lightning-style: the largest batch that runs, other knobs at defaults", flush=True)
     lightning = dict(base_params, batch_size=max(offer.choices["batch_size"]))
     l_sps, l_acc = table[key(lightning)]
 
-    print("\n4. the knobtune winner (seed 0), 10x longer", flush=True)
+    print(f"\n4. the knobtune winner (seed 0), burst and 10x longer runs, paired x{args.long_repeats}", flush=True)
     winner = winners[0]
     burst = plan.definition.burst
     long_plan = replace(plan, definition=replace(plan.definition, burst=replace(
         burst, train_samples=burst.train_samples * 10, timeout_s=burst.timeout_s * 10)))
-    long_run = run_params(long_plan, dict(winner.params), "10x")
-    predicted = winner.user_attrs["samples_per_second"]
+    bursts, longs = [], []
+    for r in range(args.long_repeats):  # paired, so that drift of the machine hits both alike
+        bursts.append(run_params(plan, dict(winner.params), f"burst[{r}]").samples_per_second or float("nan"))
+        longs.append(run_params(long_plan, dict(winner.params), f"10x[{r}]").samples_per_second or float("nan"))
+    confirmed = results.confirmation(study_of_winner[0]) or {}
+    predictions = {"the search trial's burst": winner.user_attrs["samples_per_second"],
+                   "the confirmed median": (confirmed.get("medians") or {}).get(str(winner.number)),
+                   "a burst run beside each long run": statistics.median(bursts)}
 
     def fmt_reach(values: list[int | None]) -> str:
         got = [v for v in values if v is not None]
@@ -150,10 +159,11 @@ def main() -> int:
     print(f"                           random   {fmt_reach(reach['random'])}")
     print(f"Lightning-style / knobtune = {l_sps / knob_best:.2f}  (batch {lightning['batch_size']}: {l_sps:,.0f} samples/s, "
           f"accuracy {l_acc:.3f}{'' if l_acc >= floor else ', BELOW the accuracy guard'})")
-    if long_run.samples_per_second:
-        error = predicted / long_run.samples_per_second - 1
-        print(f"prediction error           burst {predicted:,.0f} vs 10x run {long_run.samples_per_second:,.0f} "
-              f"samples/s: {error:+.0%}")
+    long_rate = statistics.median(longs)
+    print(f"prediction error           10x run {long_rate:,.0f} samples/s (runs {[round(v) for v in longs]}); predicted by")
+    for label, value in predictions.items():
+        if value:
+            print(f"                             {label}: {value:,.0f} samples/s, {value / long_rate - 1:+.0%}")
     return 0
 
 
