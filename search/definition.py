@@ -50,6 +50,7 @@ class BurstSection:
     warmup_samples: int = 2000
     windows: int = 5
     timeout_s: float = 300.0
+    min_window_seconds: float = 0.1  # a shorter window is reported, with the train_samples it needs
 
 
 @dataclass(frozen=True)
@@ -79,6 +80,7 @@ class Definition:
         data = self.as_dict()
         burst = dict(data["burst"])
         burst.pop("timeout_s")
+        burst.pop("min_window_seconds")  # changes what is reported, not what is measured
         study = self.study
         return {
             "framework": study.framework,
@@ -126,6 +128,7 @@ _SECTIONS: dict[str, dict[str, tuple[tuple[type, ...], str]]] = {
         "warmup_samples": ((int,), "an integer >= 0, below train_samples"),
         "windows": ((int,), "an integer >= 1"),
         "timeout_s": (_NUMBER, "a number of seconds > 0"),
+        "min_window_seconds": (_NUMBER, "a number of seconds >= 0 (0: no check)"),
     },
     "guard": {"max_accuracy_drop": (_NUMBER, "a number between 0 and 1")},
     "confirm": {
@@ -220,6 +223,8 @@ def parse(text: str, source: str = "<string>", default_name: str | None = None) 
                  f"an integer >= 0 and below train_samples ({burst.train_samples})", burst.warmup_samples)
     _check_range(burst.windows >= 1, where, "[burst] windows", "an integer >= 1", burst.windows)
     _check_range(burst.timeout_s > 0, where, "[burst] timeout_s", "a number of seconds > 0", burst.timeout_s)
+    _check_range(burst.min_window_seconds >= 0, where, "[burst] min_window_seconds", "a number of seconds >= 0",
+                 burst.min_window_seconds)
     confirm = ConfirmSection(**_section(raw, "confirm", where))
     _check_range(confirm.top_k >= 0, where, "[confirm] top_k", "an integer >= 0", confirm.top_k)
     for key in ("repeats", "noisy_repeats"):

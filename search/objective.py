@@ -44,7 +44,8 @@ class Plan:
         ratio = (knobs["batch_size"] * knobs["accumulation_steps"]) / (base["batch_size"] * base_accumulation)
         return ratio if how == "linear" else ratio ** 0.5
 
-    def request(self, knobs: dict[str, Any]) -> dict[str, Any]:
+    def request(self, knobs: dict[str, Any], seed_offset: int = 0) -> dict[str, Any]:
+        """The child's burst request; ``seed_offset`` re-seeds it (the baseline's extra runs)."""
         d = self.definition
         burst = d.burst
         request = {
@@ -55,10 +56,13 @@ class Plan:
                 "train_samples": burst.train_samples,
                 "warmup_samples": burst.warmup_samples,
                 "windows": d.burst_windows(),
-                "seed": d.study.seed or 0,
+                "seed": (d.study.seed or 0) + seed_offset,
+                "min_window_seconds": burst.min_window_seconds,
             },
             "workdir": self.workdir,
             "lr_scale": self.lr_scale(knobs),
+            # counted once per study by the probe, so no trial reads every file again
+            "train_records": self.ctx.get("workload", {}).get("train_samples"),
         }
         if d.study.objective == "time-to-accuracy":
             request["target_accuracy"] = d.study.target_accuracy
@@ -122,9 +126,14 @@ def suggest(plan: Plan, trial: optuna.Trial) -> dict[str, Resolved]:
 
 def measure(plan: Plan, resolved: dict[str, Resolved], is_baseline: bool,
             tick: Callable[[float], None] | None = None,
-            watch: Callable[[list[dict[str, Any]]], str | None] | None = None) -> Report:
-    """Run the burst in a child and report what it measured (``watch`` may prune it)."""
-    request = plan.request({name: r.value for name, r in resolved.items()})
+            watch: Callable[[list[dict[str, Any]]], str | None] | None = None, seed_offset: int = 0) -> Report:
+    """Run the burst in a child and report what it measured (``watch`` may prune it). A
+    combination the space knows cannot train correctly here is ``invalid`` without a child."""
+    values = {name: r.value for name, r in resolved.items()}
+    problem = plan.space.invalid(values, plan.ctx)
+    if problem:
+        return report_from_child(ChildResult("invalid", {}, problem), resolved, is_baseline)
+    request = plan.request(values, seed_offset)
     child = run_child(plan.definition.study.framework, "burst", request, plan.definition.burst.timeout_s,
                       tick=tick, watch=watch)
     return report_from_child(child, resolved, is_baseline)

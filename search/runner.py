@@ -91,13 +91,16 @@ def _signal_name(number: int) -> str:
 
 def classify(returncode: int | None, timed_out: bool, data: dict[str, Any] | None, tail: str,
              timeout_s: float) -> tuple[str, str | None]:
-    """Outcome and failure text of a finished child."""
+    """Outcome and failure text of a finished child.
+
+    A result the child wrote is its outcome, whatever happened after (a slow or crashing
+    teardown, the timeout striking after the write): the measurement was complete."""
+    if data and data.get("outcome") in CHILD_OUTCOMES:
+        return data["outcome"], data.get("failure")
+    if data and "error" in data:
+        return "error", str(data["error"])
     if timed_out:
         return "timeout", f"no result within timeout_s={timeout_s:g} s; its process group was killed"
-    if returncode == 0 and data and data.get("outcome") in CHILD_OUTCOMES:
-        return data["outcome"], data.get("failure")
-    if returncode == 2 and data and "error" in data:
-        return "error", str(data["error"])
     if returncode is not None and returncode < 0:
         sig = -returncode
         if sig == signal.SIGKILL:

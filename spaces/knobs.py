@@ -101,6 +101,8 @@ class Space:
     advice: Callable[[Context], dict[str, Any]] = lambda ctx: {}
     # the most parallel input-pipeline settings on this hardware (for the input ceiling)
     input_variants: Callable[[Context], dict[str, dict[str, Any]]] = lambda ctx: {}
+    # why a combination of values cannot train correctly on this hardware (None: it can)
+    invalid: Callable[[Mapping[str, Any], Context], str | None] = lambda values, ctx: None
 
     @property
     def names(self) -> list[str]:

@@ -48,6 +48,33 @@ def _no_conv(ctx: Context) -> str | None:
     return None if ctx.get("workload", {}).get("conv") else "the model has no convolutions"
 
 
+def _no_cudnn(ctx: Context) -> str | None:
+    return _no_cuda(ctx) or _no_conv(ctx)
+
+
+def _no_tf32(ctx: Context) -> str | None:
+    if not _hw(ctx).get("cuda"):
+        return NEEDS_CUDA
+    return None if _hw(ctx).get("tf32") else "this GPU has no TF32 tensor cores (before Ampere)"
+
+
+def _under_autocast(values: Mapping[str, Any]) -> str | None:
+    amp = values.get("amp", "off")
+    return None if amp == "off" else f"amp={amp} runs matmuls in {amp}: the fp32 precision does not apply"
+
+
+CUDA_GRAPH_MODES = ("reduce-overhead", "max-autotune")
+
+
+def invalid(values: Mapping[str, Any], ctx: Context) -> str | None:
+    """A combination that cannot train correctly here (refused before any child runs)."""
+    if (_hw(ctx).get("cuda") and values.get("compile") in CUDA_GRAPH_MODES
+            and int(values.get("accumulation_steps", 1)) > 1):
+        return (f"compile={values['compile']!r} replays CUDA graphs, which overwrite gradients accumulated across "
+                f"micro-batches: accumulation_steps={values['accumulation_steps']} needs compile 'off' or 'default'")
+    return None
+
+
 KNOBS = (
     batch_size_knob(),
     accumulation_knob("the loss is divided by accumulation_steps"),
@@ -71,9 +98,15 @@ KNOBS = (
     Knob("channels_last", bool, False, "NHWC memory format for conv nets",
          choices=lambda ctx: [False, True], unavailable=_no_conv),
     Knob("cudnn_benchmark", bool, False, "torch.backends.cudnn.benchmark (autotune conv algorithms)",
-         choices=lambda ctx: [False, True], unavailable=_no_cuda),
+         choices=lambda ctx: [False, True], unavailable=_no_cudnn),
     Knob("cudnn_deterministic", bool, False, "torch.backends.cudnn.deterministic",
-         choices=lambda ctx: [False, True], unavailable=_no_cuda),
+         choices=lambda ctx: [False, True], unavailable=_no_cudnn),
+    # TensorFlow runs fp32 matmuls in TF32 by default on Ampere and newer, PyTorch does not: the
+    # knob that makes a framework comparison fair (and is often free speed).
+    Knob("matmul_precision", str, "highest",
+         "torch.set_float32_matmul_precision: 'highest' (IEEE fp32) or 'high' (TF32 tensor cores)",
+         choices=lambda ctx: ["highest", "high"], unavailable=_no_tf32, inactive=_under_autocast,
+         check=one_of("highest", "high", "medium")),
 )
 
 def advice(ctx: Context) -> dict[str, Any]:
@@ -89,7 +122,8 @@ def advice(ctx: Context) -> dict[str, Any]:
         "persistent_workers": True,
         "prefetch_factor": 2,
         "pin_memory": cuda,
-        "amp": "fp16" if cuda else ("bf16" if hw.get("bf16") else "off"),  # AMP with GradScaler on GPU
+        # AMP: bf16 where the device has it (no loss scaling needed), else fp16 with GradScaler on GPU
+        "amp": "bf16" if hw.get("bf16") else ("fp16" if cuda else "off"),
         "compile": "default",
         "channels_last": True,
         "cudnn_benchmark": True,
@@ -103,4 +137,4 @@ def input_variants(ctx: Context) -> dict[str, dict[str, Any]]:
                                  "intra_op_threads": 1}}
 
 
-SPACE = Space("pytorch", KNOBS, advice=advice, input_variants=input_variants)
+SPACE = Space("pytorch", KNOBS, advice=advice, input_variants=input_variants, invalid=invalid)

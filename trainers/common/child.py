@@ -13,7 +13,7 @@ import math
 import os
 import sys
 from pathlib import Path
-from typing import Any, Callable
+from typing import Any, Callable, NoReturn
 
 from trainers.common.errors import InvalidKnobs, WorkloadError
 
@@ -50,9 +50,14 @@ def probe_handler(fingerprint: Callable[[], dict[str, Any]],
     return probe
 
 
-def main(framework: str, handlers: dict[str, Handler], argv: list[str] | None = None) -> int:
+def main(framework: str, commands: tuple[str, ...], handlers: Callable[[], dict[str, Handler]],
+         argv: list[str] | None = None) -> NoReturn:
+    """Parse the command line, check the framework's version, run the command's handler
+    (``handlers()`` imports them, after the check), write the result and exit at once."""
+    from trainers.common import versions
+
     parser = argparse.ArgumentParser(prog=f"python -m trainers.{framework}")
-    parser.add_argument("command", choices=sorted(handlers))
+    parser.add_argument("command", choices=sorted(commands))
     parser.add_argument("--request", type=Path, required=True)
     parser.add_argument("--result", type=Path, required=True)
     args = parser.parse_args(argv)
@@ -62,11 +67,19 @@ def main(framework: str, handlers: dict[str, Handler], argv: list[str] | None = 
     if workdir and workdir not in sys.path:
         sys.path.insert(0, workdir)
     try:
-        result = handlers[args.command](request)
+        problem = versions.check(framework)
+        if problem:
+            raise WorkloadError(problem)
+        result = handlers()[args.command](request)
         code = 0
     except WorkloadError as exc:
         result, code = {"error": str(exc)}, 2
     except InvalidKnobs as exc:
         result, code = {"outcome": "invalid", "failure": str(exc)}, 0
     write_json(args.result, result)
-    return code
+    # Leave at once: the result is written, and interpreter teardown (DataLoader workers, tf.data
+    # threads, CUDA contexts, a user's atexit handlers) can be slow or crash; the parent kills the
+    # process group anyway.
+    sys.stdout.flush()
+    sys.stderr.flush()
+    os._exit(code)

@@ -13,10 +13,17 @@ from torch.utils.data import DataLoader
 
 from trainers.common.errors import InvalidKnobs
 from trainers.common.protocol import BurstSpec, GuardReading, drive, hooks_from, make_schedule
-from trainers.pytorch.workload import Workload, load
+from trainers.pytorch import compiled
+from trainers.pytorch.data import SeededSampler
+from trainers.pytorch.faults import oom_reason
+from trainers.pytorch.workload import Workload, accuracy, load
 
 AMP_DTYPES = {"bf16": torch.bfloat16, "fp16": torch.float16}
 COMPILE_MODES = ("off", "default", "reduce-overhead", "max-autotune")
+MATMUL_PRECISIONS = ("highest", "high", "medium")
+# Optimizers with a fused CUDA implementation that takes GradScaler's scale and found_inf on the
+# device (``_step_supports_amp_scaling``): with them fp16 needs no host read per step.
+FUSABLE = (torch.optim.Adam, torch.optim.AdamW, torch.optim.SGD)
 
 
 def _to_device(obj: Any, device: torch.device, non_blocking: bool) -> Any:
@@ -43,8 +50,24 @@ def _check(knobs: dict[str, Any], device: torch.device) -> None:
         raise InvalidKnobs("amp='fp16' (with GradScaler) needs CUDA; this child has no CUDA device")
     if amp == "bf16" and device.type == "cuda" and not torch.cuda.is_bf16_supported():
         raise InvalidKnobs("amp='bf16' is not supported by this GPU")
-    if knobs["compile"] not in COMPILE_MODES:
-        raise InvalidKnobs(f"compile={knobs['compile']!r}: expected one of {', '.join(COMPILE_MODES)}")
+    mode = knobs["compile"]
+    if mode not in COMPILE_MODES:
+        raise InvalidKnobs(f"compile={mode!r}: expected one of {', '.join(COMPILE_MODES)}")
+    if compiled.uses_cuda_graphs(mode, device) and int(knobs.get("accumulation_steps", 1)) > 1:
+        # AccumulateGrad keeps the first backward's gradient, which lives in the CUDA-graph pool,
+        # as .grad; the next replay overwrites it.
+        raise InvalidKnobs(f"compile={mode!r} replays CUDA graphs, which overwrite gradients accumulated "
+                           f"across micro-batches: accumulation_steps={knobs['accumulation_steps']} needs "
+                           f"compile 'off' or 'default'")
+    precision = knobs.get("matmul_precision", "highest")
+    if precision not in MATMUL_PRECISIONS:
+        raise InvalidKnobs(f"matmul_precision={precision!r}: expected one of {', '.join(MATMUL_PRECISIONS)}")
+
+
+def read_ahead(knobs: dict[str, Any]) -> int:
+    """Batches a DataLoader holds ready at most: every worker's prefetch_factor batches."""
+    workers = int(knobs["num_workers"])
+    return workers * int(knobs.get("prefetch_factor") or 2) if workers > 0 else 0
 
 
 def build_loader(workload: Workload, knobs: dict[str, Any], seed: int) -> DataLoader:
@@ -53,22 +76,19 @@ def build_loader(workload: Workload, knobs: dict[str, Any], seed: int) -> DataLo
     if workers > 0:
         extra["prefetch_factor"] = int(knobs.get("prefetch_factor") or 2)
         extra["persistent_workers"] = bool(knobs.get("persistent_workers", False))
+    size = len(workload.train_dataset)  # type: ignore[arg-type]
     loader = DataLoader(
         workload.train_dataset,
         batch_size=int(knobs["batch_size"]),
-        shuffle=True,
+        sampler=SeededSampler(size, seed),  # order and augmentation independent of num_workers
         drop_last=True,  # every step sees the same shape: no recompiles, honest windows
         num_workers=workers,
         pin_memory=bool(knobs.get("pin_memory", False)),
         collate_fn=workload.collate_fn,
-        generator=torch.Generator().manual_seed(seed),
         **extra,
     )
     if len(loader) == 0:
-        raise InvalidKnobs(
-            f"batch_size={knobs['batch_size']} is larger than the training set "
-            f"({len(workload.train_dataset)} samples)"  # type: ignore[arg-type]
-        )
+        raise InvalidKnobs(f"batch_size={knobs['batch_size']} is larger than the training set ({size} samples)")
     return loader
 
 
@@ -84,6 +104,18 @@ def loader_report(loader: DataLoader) -> dict[str, Any]:
     }
 
 
+def ready_batches(iterator: Any) -> int | None:
+    """Batches a multi-process DataLoader iterator holds loaded and not yet handed out (its
+    result queues and its reorder buffer); None when this torch does not let us count them."""
+    try:
+        queues = {id(q): q for q in (iterator._worker_result_queue, iterator._data_queue)}
+        queued = sum(q.qsize() for q in queues.values())
+        reordered = sum(1 for info in iterator._task_info.values() if len(info) == 2)
+    except (AttributeError, NotImplementedError, OSError):
+        return None
+    return queued + reordered
+
+
 def peak_memory_mb(device: torch.device) -> float:
     if device.type == "cuda":
         return torch.cuda.max_memory_allocated(device) / 2**20
@@ -91,28 +123,59 @@ def peak_memory_mb(device: torch.device) -> float:
 
 
 @torch.no_grad()
-def evaluate(workload: Workload, model: torch.nn.Module, device: torch.device) -> float:
-    """Score the held-out split with the trained weights: eager, fp32, no augmentation."""
+def evaluate(workload: Workload, model: torch.nn.Module, device: torch.device, batch_size: int) -> float:
+    """Score the held-out split with the trained weights: eager, fp32, no augmentation, in
+    batches of ``batch_size``. The default metric (top-1) is counted on the device; a custom
+    metric gets all outputs, gathered on the host."""
     model.eval()
-    loader = DataLoader(workload.eval_dataset, batch_size=512, shuffle=False, collate_fn=workload.collate_fn)
+    loader = DataLoader(workload.eval_dataset, batch_size=batch_size, shuffle=False, collate_fn=workload.collate_fn)
+    streaming = workload.metric is accuracy
+    correct = torch.zeros((), dtype=torch.long, device=device)
+    seen = 0
     outputs, targets = [], []
     for inputs, target in loader:
-        outputs.append(model(_to_device(inputs, device, False)).float().cpu())
-        targets.append(target)
+        out = model(_to_device(inputs, device, False))
+        if streaming:
+            correct += (out.argmax(dim=1) == _to_device(target, device, False)).sum()
+            seen += len(target)
+        else:
+            outputs.append(out.float().cpu())
+            targets.append(target)
+    if streaming:
+        return int(correct.item()) / max(1, seen)
     return float(workload.metric(torch.cat(outputs), torch.cat(targets)))
+
+
+def _fused(optimizer: torch.optim.Optimizer) -> torch.optim.Optimizer | None:
+    """The same optimizer with ``fused=True``, or None when it has no fused CUDA implementation."""
+    if type(optimizer) not in FUSABLE or optimizer.defaults.get("fused") or optimizer.defaults.get("differentiable"):
+        return None
+    params = [p for group in optimizer.param_groups for p in group["params"]]
+    if not params or not all(p.is_cuda and p.is_floating_point() for p in params):
+        return None
+    groups = [{**group, "fused": True, "foreach": None} for group in optimizer.param_groups]
+    try:
+        return type(optimizer)(groups, **{**optimizer.defaults, "fused": True, "foreach": None})
+    except (RuntimeError, ValueError, TypeError):
+        return None
 
 
 class Trainer:
     """Every knob applied to one workload: model, optimizer, compile, autocast, scaler, loader,
     and the device-side NaN guard. The burst, the time-to-accuracy evaluations and the diagnosis
-    ceilings all train through ``train_on``."""
+    ceilings all train through ``train_on``.
+
+    The guard costs no device op per micro-batch: each step's loss is kept (a reference to the
+    tensor the step made anyway) and the window's losses are stacked and summed at the boundary,
+    where a non-finite value survives the sum and the first bad step is found."""
 
     def __init__(self, request: dict[str, Any]) -> None:
         knobs = self.knobs = dict(request["knobs"])
         self.spec = BurstSpec.from_dict(request["burst"])
         device = self.device = torch.device("cuda" if torch.cuda.is_available() else "cpu")
         _check(knobs, device)
-        self.schedule = make_schedule(self.spec, int(knobs["batch_size"]), int(knobs["accumulation_steps"]))
+        self.schedule = make_schedule(self.spec, int(knobs["batch_size"]), int(knobs["accumulation_steps"]),
+                                      read_ahead=read_ahead(knobs))
         _seed(self.spec.seed)
         self.threads = int(knobs.get("intra_op_threads", 0))
         if self.threads > 0:
@@ -120,36 +183,44 @@ class Trainer:
         if device.type == "cuda":
             torch.backends.cudnn.benchmark = bool(knobs.get("cudnn_benchmark", False))
             torch.backends.cudnn.deterministic = bool(knobs.get("cudnn_deterministic", False))
+            torch.set_float32_matmul_precision(knobs.get("matmul_precision", "highest"))
         setup_start = time.perf_counter()
         self.workload = workload = load(request["workload"], request.get("workload_options"))
+        self.mode = mode = knobs["compile"]
+        self.replays = compiled.ReplayCounter() if compiled.uses_cuda_graphs(mode, device) else None
         model = workload.build_model().to(device)
         self.channels_last = bool(knobs.get("channels_last", False))
         if self.channels_last:
             model = model.to(memory_format=torch.channels_last)
         self.model = model
-        self.optimizer = workload.build_optimizer(model.parameters())
+        self.amp = amp = knobs["amp"]
+        optimizer = workload.build_optimizer(model.parameters())
+        self.fused_for_scaler = False
+        if amp == "fp16" and device.type == "cuda" and not getattr(optimizer, "_step_supports_amp_scaling", False):
+            fused = _fused(optimizer)
+            if fused is not None:
+                optimizer, self.fused_for_scaler = fused, True
+        self.optimizer = optimizer
         self.lr_scale = float(request.get("lr_scale", 1.0))
         if self.lr_scale != 1.0:  # lr_scaling: the workload's learning rate, rescaled with the effective batch
             for group in self.optimizer.param_groups:
                 group["lr"] = group["lr"] * self.lr_scale
-        self.mode = mode = knobs["compile"]
         self.step_model = model if mode == "off" else torch.compile(model, mode=None if mode == "default" else mode)
         self.loader = build_loader(workload, knobs, self.spec.seed)
-        self.amp = amp = knobs["amp"]
         self.autocast = (
             torch.autocast(device_type=device.type, dtype=AMP_DTYPES[amp]) if amp != "off" else nullcontext()
         )
         self.scaler = torch.amp.GradScaler(device.type, enabled=amp == "fp16")
         self.non_blocking = self.loader.pin_memory and device.type == "cuda"
-        self.mark_step = mode == "reduce-overhead" and device.type == "cuda"
+        self.mark_step = compiled.uses_cuda_graphs(mode, device)
         self.setup_seconds = time.perf_counter() - setup_start
-        # Guard state lives on the device: updated every step, read only at window boundaries.
-        self.bad = torch.zeros((), dtype=torch.bool, device=device)
-        self.first_bad = torch.full((), -1, dtype=torch.long, device=device)
-        self.counter = torch.zeros((), dtype=torch.long, device=device)
-        self.loss_sum = torch.zeros((), dtype=torch.float32, device=device)
-        self.loss_steps = 0
-        self.skipped = torch.zeros((), dtype=torch.long, device=device)
+        self.guarded = bool(request.get("guard", True))
+        self.sync_debug = bool(request.get("sync_debug")) and device.type == "cuda"
+        self.losses: list[torch.Tensor] = []  # this segment's per-step losses (device tensors)
+        self.steps_read = 0  # micro-batches before this segment
+        self.found_inf: list[torch.Tensor] = []  # fp16: GradScaler's per-step found_inf flags
+        self.skipped = torch.zeros((), dtype=torch.float32, device=device)
+        self.checkpoints = 0
         self.iterator: Any = None  # made on first use, so worker start-up is timed as warm-up
 
     def next_batch(self) -> tuple[Any, Any]:
@@ -167,27 +238,30 @@ class Trainer:
             inputs = inputs.contiguous(memory_format=torch.channels_last)
         return inputs, targets
 
+    def drained(self) -> bool | None:
+        """Whether the DataLoader's read-ahead is used up (at most one batch waiting); None when
+        it cannot be counted. Single-process loading has no read-ahead."""
+        if self.loader.num_workers == 0 or self.iterator is None:
+            return True
+        ready = ready_batches(self.iterator)
+        return None if ready is None else ready <= 1
+
     def train_on(self, inputs: Any, targets: Any, i: int) -> int:
-        """Micro-batch ``i``: forward, guard, backward, and the optimizer step when due. No sync."""
+        """Micro-batch ``i``: forward, backward, and the optimizer step when due. No sync, and no
+        device op beyond the training step's own."""
         k = self.schedule.accumulation_steps
         if self.mark_step:
             torch.compiler.cudagraph_mark_step_begin()
         with self.autocast:
             loss = self.workload.loss_fn(self.step_model(inputs), targets)
-        value = loss.detach().float()
-        bad_now = ~torch.isfinite(value)
-        self.bad.logical_or_(bad_now)
-        self.first_bad.copy_(torch.where(bad_now & (self.first_bad < 0), self.counter, self.first_bad))
-        self.counter.add_(1)
-        self.loss_sum.add_(value)
-        self.loss_steps += 1
+        if self.guarded:
+            self.losses.append(loss.detach())
         self.scaler.scale(loss / k if k > 1 else loss).backward()
         if (i + 1) % k == 0 or i + 1 == self.schedule.total_steps:
             if self.scaler.is_enabled():
-                before = self.scaler._scale.clone()  # type: ignore[union-attr]
                 self.scaler.step(self.optimizer)
+                self.found_inf.extend(self.scaler._found_inf_per_device(self.optimizer).values())
                 self.scaler.update()
-                self.skipped.add_((self.scaler._scale < before).long())  # type: ignore[operator]
             else:
                 self.optimizer.step()
             self.optimizer.zero_grad(set_to_none=True)
@@ -202,39 +276,92 @@ class Trainer:
             torch.cuda.synchronize(self.device)
 
     def checkpoint(self) -> GuardReading:
+        """The segment boundary: synchronise, then read the segment's losses (one stack and sum)."""
+        if self.sync_debug:
+            torch.cuda.set_sync_debug_mode("default")
         self.sync()
-        mean = self.loss_sum.item() / max(1, self.loss_steps)
-        self.loss_sum.zero_()
-        self.loss_steps = 0
-        first = int(self.first_bad.item())
-        return GuardReading(finite=not bool(self.bad.item()), first_bad_step=first if first >= 0 else None,
-                            mean_loss=mean)
+        losses, self.losses = self.losses, []
+        first_bad, mean, finite = None, None, True
+        if self.found_inf:
+            self.skipped += torch.stack(self.found_inf).float().sum()
+            self.found_inf = []
+        if losses:
+            stacked = torch.stack(losses).float()
+            total = float(stacked.sum().item())
+            finite = bool(np.isfinite(total))
+            mean = total / len(losses)
+            if not finite:
+                first_bad = self.steps_read + int((~torch.isfinite(stacked)).nonzero()[0, 0].item())
+        self.steps_read += len(losses)
+        self.checkpoints += 1
+        if self.sync_debug:  # every segment after warm-up must run without a host-device sync
+            torch.cuda.set_sync_debug_mode("error")
+        return GuardReading(finite=finite, first_bad_step=first_bad, mean_loss=mean)
+
+    def eval_batch_size(self) -> int:
+        return int(self.workload.eval_batch_size or self.schedule.batch_size)
 
     def evaluate(self) -> float:
-        accuracy = evaluate(self.workload, self.model, self.device)
+        if self.sync_debug:
+            torch.cuda.set_sync_debug_mode("default")
+        accuracy_ = evaluate(self.workload, self.model, self.device, self.eval_batch_size())
         self.model.train()
-        return accuracy
+        if self.sync_debug:
+            torch.cuda.set_sync_debug_mode("error")
+        return accuracy_
 
     def close(self) -> None:
+        if self.sync_debug:
+            torch.cuda.set_sync_debug_mode("default")
         self.iterator = None  # shuts DataLoader workers down
+
+    def compile_report(self) -> dict[str, Any] | None:
+        return compiled.report(self.mode, self.replays) if self.mode != "off" else None
+
+    def channels_last_used(self) -> bool:
+        """Read from the convolution weights (the tensors channels_last is for), not any parameter."""
+        convs = [m.weight for m in self.model.modules()
+                 if isinstance(m, (torch.nn.Conv2d, torch.nn.ConvTranspose2d)) and m.weight.dim() == 4]
+        return bool(convs) and all(w.is_contiguous(memory_format=torch.channels_last) for w in convs)
+
+    def per_step_sync(self) -> str | None:
+        """Why this trial syncs the host with the device every step (None: it does not)."""
+        if self.scaler.is_enabled() and not getattr(self.optimizer, "_step_supports_amp_scaling", False):
+            return (f"fp16: GradScaler reads found_inf on the host every step ({type(self.optimizer).__name__} "
+                    f"has no fused implementation that takes it on the device)")
+        return None
 
 
 def run(request: dict[str, Any]) -> dict[str, Any]:
-    t = Trainer(request)
+    """The burst request's result: measurements, knobs read back, accuracy, or an oom outcome.
+    Building the trainer (the model's move to the device), training and evaluation all run
+    inside the out-of-memory handling."""
+    t: Trainer | None = None
+    try:
+        t = Trainer(request)
+        return _measure(t, request)
+    except Exception as exc:
+        reason = oom_reason(exc)
+        if reason is None:
+            raise
+        return {"outcome": "oom", "failure": reason}
+    finally:
+        if t is not None:
+            t.close()
+
+
+def _measure(t: Trainer, request: dict[str, Any]) -> dict[str, Any]:
     device, schedule, loader, model, step_model = t.device, t.schedule, t.loader, t.model, t.step_model
-    k, mode, amp, scaler, autocast, channels_last, threads = (
-        schedule.accumulation_steps, t.mode, t.amp, t.scaler, t.autocast, t.channels_last, t.threads)
+    k, mode, amp, scaler, autocast, threads = (
+        schedule.accumulation_steps, t.mode, t.amp, t.scaler, t.autocast, t.threads)
     if device.type == "cuda":
         torch.cuda.reset_peak_memory_stats(device)
     model.train()
-    try:
-        record = drive(schedule, t.step, t.checkpoint, hooks=hooks_from(request, t.evaluate))
-    except (torch.OutOfMemoryError, MemoryError) as exc:
-        return {"outcome": "oom", "failure": f"out of memory: {str(exc).splitlines()[0] if str(exc) else type(exc).__name__}"}
-    finally:
-        t.close()
-
-    channels_last_used = channels_last and next(model.parameters()).is_contiguous(memory_format=torch.channels_last)
+    record = drive(schedule, t.step, t.checkpoint, hooks=hooks_from(request, t.evaluate), drained=t.drained)
+    t.close()
+    compile_report = t.compile_report()
+    compile_used = compiled.effective_mode(mode, compile_report, device.type == "cuda")
+    channels_last_used = t.channels_last_used()
     result: dict[str, Any] = {
         **record.measurement(),
         # Every knob as the framework objects report it (read back, not echoed from the request).
@@ -249,10 +376,11 @@ def run(request: dict[str, Any]) -> dict[str, Any]:
             "amp": {None: "off", torch.bfloat16: "bf16", torch.float16: "fp16"}[
                 getattr(autocast, "fast_dtype", None) if amp != "off" else None
             ],
-            "compile": mode if step_model is not model else "off",
+            "compile": compile_used,
             "channels_last": channels_last_used,
             "cudnn_benchmark": torch.backends.cudnn.benchmark,
             "cudnn_deterministic": torch.backends.cudnn.deterministic,
+            "matmul_precision": torch.get_float32_matmul_precision(),
         },
         "setup_seconds": t.setup_seconds,
         "effective_batch_size": schedule.batch_size * k,
@@ -263,14 +391,20 @@ def run(request: dict[str, Any]) -> dict[str, Any]:
             "device": device.type,
             "autocast_dtype": str(AMP_DTYPES[amp]).replace("torch.", "") if amp != "off" else None,
             "grad_scaler": scaler.is_enabled(),
+            "fused_optimizer_for_grad_scaler": t.fused_for_scaler,
+            "per_step_sync": t.per_step_sync(),
             "compile_mode": mode,
             "compiled": step_model is not model,
+            "compile_report": compile_report,
             "channels_last": channels_last_used,
             "cudnn_benchmark": torch.backends.cudnn.benchmark,
             "cudnn_deterministic": torch.backends.cudnn.deterministic,
+            "matmul_precision": torch.get_float32_matmul_precision(),
             "accumulation_steps": k,
             "torch_threads": torch.get_num_threads(),
             "learning_rate": t.optimizer.param_groups[0]["lr"],
+            "read_ahead_batches": read_ahead(t.knobs),
+            "eval_batch_size": t.eval_batch_size(),
         },
     }
     if record.nan_step is not None:
@@ -280,7 +414,7 @@ def run(request: dict[str, Any]) -> dict[str, Any]:
         )
     else:
         eval_start = time.perf_counter()
-        result["val_accuracy"] = evaluate(t.workload, model, device)
+        result["val_accuracy"] = t.evaluate()
         result["eval_seconds"] = time.perf_counter() - eval_start
         result["outcome"] = "ok"
     result["peak_memory_mb"] = peak_memory_mb(device)

@@ -20,7 +20,7 @@ def _input_ceiling(request: dict[str, Any]) -> float:
         t.sync()
         return GuardReading(True, None, None)
 
-    record = drive(t.schedule, load_only, sync)
+    record = drive(t.schedule, load_only, sync, drained=t.drained)
     t.close()
     return float(record.measurement()["samples_per_second"])
 

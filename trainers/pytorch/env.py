@@ -40,13 +40,17 @@ def hardware(cuda: bool | None = None) -> dict[str, Any]:
     cuda = torch.cuda.is_available() if cuda is None else cuda
     if cuda:
         bf16 = bool(torch.cuda.is_bf16_supported())
+        # TF32 tensor cores: Ampere (compute capability 8.0) and newer
+        tf32 = torch.cuda.get_device_capability(0)[0] >= 8
     else:
         bf16 = True  # CPU autocast supports bfloat16 everywhere; whether it is faster is measured
+        tf32 = False
     return {
         "device": "cuda" if cuda else "cpu",
         "cuda": cuda,
         "bf16": bf16,
         "fp16": cuda,
+        "tf32": tf32,
         "usable_cores": hostinfo.usable_cores(),
         "gpu_count": torch.cuda.device_count() if cuda else 0,
     }

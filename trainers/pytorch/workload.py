@@ -31,6 +31,7 @@ class Workload:
     ``collate_fn`` turns into an ``(inputs, targets)`` pair of tensors). ``metric(outputs,
     targets)`` scores the whole held-out set in [0, 1] (default: top-1 accuracy).
     ``batch_size`` is the batch the job uses today (the baseline's, unless ``[baseline]`` says).
+    ``eval_batch_size`` bounds the held-out evaluation's batches (default: the trial's batch size).
     """
 
     build_model: Callable[[], nn.Module]
@@ -41,6 +42,7 @@ class Workload:
     collate_fn: Callable[[list[Any]], Any] | None = None
     metric: Callable[[torch.Tensor, torch.Tensor], float] = accuracy
     batch_size: int = 64
+    eval_batch_size: int | None = None
     name: str = "custom"
 
 

@@ -1,10 +1,17 @@
-"""``python -m trainers.tensorflow {probe,burst} --request IN --result OUT``: one trial's child."""
+"""``python -m trainers.tensorflow {probe,burst,diagnose} --request IN --result OUT``: one trial's child."""
 from __future__ import annotations
 
-import sys
+from trainers.common.child import Handler, main
 
-from trainers.common.child import main
-from trainers.tensorflow import burst, diagnose, probe
+COMMANDS = ("probe", "burst", "diagnose")
+
+
+def handlers() -> dict[str, Handler]:
+    # imported after the version check: an old TensorFlow lacks Keras 3, which these modules use
+    from trainers.tensorflow import burst, diagnose, probe
+
+    return {"probe": probe.run, "burst": burst.run, "diagnose": diagnose.run}
+
 
 if __name__ == "__main__":
-    sys.exit(main("tensorflow", {"probe": probe.run, "burst": burst.run, "diagnose": diagnose.run}))
+    main("tensorflow", COMMANDS, handlers)

@@ -46,6 +46,7 @@ def hardware(gpus: list[dict[str, Any]] | None = None) -> dict[str, Any]:
         # bfloat16 on every CPU (oneDNN) and on GPUs from Ampere (8.0) on
         "bf16": (not gpus) or capability >= 8.0,
         "fp16": bool(gpus),
+        "tf32": capability >= 8.0,  # TF32 tensor cores: Ampere and newer
         "usable_cores": hostinfo.usable_cores(),
         "gpu_count": len(gpus),
     }

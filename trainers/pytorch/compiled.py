@@ -1,0 +1,80 @@
+"""What ``torch.compile`` really did in this process, read back from dynamo's and inductor's
+counters: graphs, graph breaks (with reasons), recompilations, a fall-back to eager, and CUDA
+graphs skipped or replayed."""
+from __future__ import annotations
+
+from typing import Any
+
+import torch
+
+MAX_REASONS = 5
+
+
+class ReplayCounter:
+    """Counts CUDA-graph replays of inductor's cudagraph trees (reduce-overhead, max-autotune)."""
+
+    def __init__(self) -> None:
+        self.replays = 0
+        self._original: Any = None
+        try:
+            from torch._inductor import cudagraph_trees
+        except ImportError:  # pragma: no cover - inductor is part of torch >= 2.0
+            return
+        manager = cudagraph_trees.CUDAGraphTreeManager
+        original = manager.execute_node
+        counter = self
+
+        def execute_node(self: Any, *args: Any, **kwargs: Any) -> Any:
+            counter.replays += 1
+            return original(self, *args, **kwargs)
+
+        manager.execute_node = execute_node  # type: ignore[method-assign]
+        self._original = (manager, original)
+
+
+def report(requested: str, replays: ReplayCounter | None = None) -> dict[str, Any]:
+    """The compile read-back for a trial that asked for ``requested`` (a torch.compile mode)."""
+    from torch._dynamo.utils import counters
+
+    frames = dict(counters["frames"])
+    breaks = dict(counters["graph_break"])
+    resumes = dict(counters["resumes"])
+    graphs = int(counters["stats"].get("unique_graphs", 0))
+    compiled_frames = int(frames.get("ok", 0))
+    # every distinct frame is compiled once (the forward, and one resume function per break);
+    # compilations beyond that are recompilations (new shapes, guards failing)
+    recompiles = max(0, int(frames.get("total", 0)) - (1 + len(resumes))) if compiled_frames else 0
+    out: dict[str, Any] = {
+        "requested": requested,
+        "graphs": graphs,
+        "frames_compiled": compiled_frames,
+        "graph_breaks": int(sum(breaks.values())),
+        "break_reasons": [reason.splitlines()[0][:200] for reason in list(breaks)[:MAX_REASONS]],
+        "recompiles": recompiles,
+        "eager_fallback": graphs == 0,
+        "cudagraph_skips": int(counters["inductor"].get("cudagraph_skips", 0)),
+    }
+    if replays is not None:
+        out["cudagraph_replays"] = replays.replays
+    if out["eager_fallback"]:
+        out["note"] = f"compile={requested!r} compiled no graph: the model ran eagerly"
+    elif out["graph_breaks"]:
+        out["note"] = f"{out['graph_breaks']} graph break(s): parts of the model ran eagerly"
+    return out
+
+
+def effective_mode(requested: str, compile_report: dict[str, Any] | None, on_cuda: bool) -> str:
+    """The compile mode that really ran: "off" after a fall-back to eager; "default" when a CUDA
+    graph mode skipped its CUDA graphs (or runs on a CPU, where there are none)."""
+    if requested == "off" or compile_report is None:
+        return "off"
+    if compile_report["eager_fallback"]:
+        return "off"
+    if requested == "reduce-overhead" and (compile_report["cudagraph_skips"] or not on_cuda):
+        return "default"
+    return requested
+
+
+def uses_cuda_graphs(mode: str, device: torch.device) -> bool:
+    """reduce-overhead and max-autotune capture CUDA graphs on CUDA devices."""
+    return device.type == "cuda" and mode in ("reduce-overhead", "max-autotune")
