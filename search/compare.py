@@ -107,6 +107,27 @@ def _effects_text(side: Side, top: int = 3) -> str:
     return "; ".join(parts) if parts else "no knob changed from the baseline"
 
 
+def precision(trial: FrozenTrial) -> str:
+    """The arithmetic a trial trained in: mixed precision, or fp32 with IEEE or TF32 matmuls."""
+    knobs = trial.user_attrs.get("knobs", {})
+
+    def value(name: str) -> Any:
+        entry = knobs.get(name) or {}
+        return entry.get("value") if entry.get("applied") else None
+
+    amp, policy = value("amp"), value("mixed_precision")
+    if amp and amp != "off":
+        return f"{amp} autocast"
+    if policy and policy != "float32":
+        return policy.replace("mixed_", "") + " mixed precision"
+    matmul, tf32 = value("matmul_precision"), value("tf32")
+    if matmul in ("high", "medium") or tf32 is True:
+        return "fp32, TF32 matmuls"
+    if matmul == "highest" or tf32 is False:
+        return "fp32, IEEE matmuls"
+    return "fp32"
+
+
 def table(a: Side, b: Side) -> str:
     rows = [
         ("framework", a.framework, b.framework),
@@ -116,6 +137,8 @@ def table(a: Side, b: Side) -> str:
          f"{b.baseline.user_attrs['val_accuracy']:.3f}"),
         ("best samples/s", rate(a.best_sps), rate(b.best_sps)),
         ("best val_accuracy", f"{a.best.user_attrs['val_accuracy']:.3f}", f"{b.best.user_attrs['val_accuracy']:.3f}"),
+        ("baseline precision", precision(a.baseline), precision(b.baseline)),
+        ("best precision", precision(a.best), precision(b.best)),
         ("best warm-up s", f"{a.best.user_attrs.get('warmup_seconds', 0):.1f}",
          f"{b.best.user_attrs.get('warmup_seconds', 0):.1f}"),
         ("speedup over own baseline", f"{a.speedup:.2f}x", f"{b.speedup:.2f}x"),
@@ -145,6 +168,9 @@ def verdict(a: Side, b: Side) -> str:
              f"{base_fast.base_sps / base_slow.base_sps:.2f}x ({rate(base_fast.base_sps)} vs {rate(base_slow.base_sps)}); "
              f"tuning gave {a.framework} {a.speedup:.2f}x and {b.framework} {b.speedup:.2f}x. ")
     text += f"What made the difference: {a.framework}: {_effects_text(a)}; {b.framework}: {_effects_text(b)}."
+    pa, pb = precision(a.best), precision(b.best)
+    text += f" Precision of the tuned runs: {a.framework} {pa}, {b.framework} {pb}"
+    text += "." if pa == pb else " (not the same arithmetic: part of the gap may be precision, not the framework)."
     acc_gap = a.best.user_attrs["val_accuracy"] - b.best.user_attrs["val_accuracy"]
     if abs(acc_gap) >= 0.01:
         better = a if acc_gap > 0 else b

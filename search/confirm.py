@@ -10,7 +10,7 @@ import optuna
 from optuna.trial import FrozenTrial
 
 from search import results
-from search.objective import Plan, measure, objective_values
+from search.objective import Plan, accuracy_floor, baseline_accuracies, measure, objective_values
 from search.progress import rate as fmt
 
 ProgressLine = Callable[[str], None]
@@ -35,7 +35,7 @@ def candidates(study: optuna.Study, top_k: int) -> tuple[list[FrozenTrial], str 
     return out[:top_k], None
 
 
-def _score(plan: Plan, attrs: dict[str, Any], base_acc: float | None) -> tuple[float | None, bool]:
+def _score(plan: Plan, attrs: dict[str, Any], base_acc: list[float] | None) -> tuple[float | None, bool]:
     """A confirmation run's objective number (samples/s, effective samples/s or seconds to
     target) and whether it passed the guard."""
     if attrs.get("outcome") != "ok" or attrs.get("val_accuracy") is None:
@@ -67,7 +67,7 @@ def confirm(study: optuna.Study, plan: Plan, err: TextIO) -> dict[str, Any] | No
     minimize = results.mode(study) == "time-to-accuracy"
     err.write(f"knobtune: confirming {len(chosen)} candidate(s) and the baseline, {repeats} interleaved rounds"
               f"{' (more rounds: some trials were noisy)' if noisy else ''} ...\n")
-    base_acc = base.user_attrs.get("val_accuracy")
+    base_acc = baseline_accuracies(base.user_attrs)
     runs: dict[str, list[dict[str, Any]]] = {str(t.number): [] for t in lineup}
     order: list[int] = []
     for r in range(repeats):
@@ -86,16 +86,27 @@ def confirm(study: optuna.Study, plan: Plan, err: TextIO) -> dict[str, Any] | No
             value = report.attrs.get("samples_per_second") if report.outcome == "ok" else None
             shown.append(f"{'baseline' if t is base else f'#{t.number}'} {fmt(value) if value else report.outcome}")
         err.write(f"  round {r + 1}/{repeats}: " + "   ".join(shown) + "\n")
-    medians = {}
+    # The final verdict on accuracy: each candidate's median accuracy over its rounds against a
+    # floor from every baseline accuracy measured (the trial's runs and this confirmation's).
+    all_base = base_acc + [e["val_accuracy"] for e in runs[str(base.number)] if e["val_accuracy"] is not None]
+    floor = None if minimize else accuracy_floor(all_base, plan.definition.guard.max_accuracy_drop)
+    medians, accuracies = {}, {}
     for number, entries in runs.items():
         values = [e["value"] for e in entries if e["value"] is not None]
-        passed = sum(e["passed"] for e in entries) * 2 > len(entries)  # most runs pass the guard
+        accs = [e["val_accuracy"] for e in entries if e["val_accuracy"] is not None and e["value"] is not None]
+        accuracies[number] = statistics.median(accs) if accs else None
+        if floor is None:
+            passed = sum(e["passed"] for e in entries) * 2 > len(entries)  # most runs reach the target
+        else:
+            passed = number == str(base.number) or (accuracies[number] is not None and accuracies[number] >= floor)
         medians[number] = statistics.median(values) if values and passed else None
     # the baseline contends too: when no candidate beats it side by side, keeping it is the answer
     contenders = [t for t in lineup if medians[str(t.number)] is not None]
     record: dict[str, Any] = {"after_trials": len(results.finished(study)), "repeats": repeats, "noisy": noisy,
                               "order": order, "runs": runs, "medians": medians, "baseline": base.number,
-                              "pick": pick, "minimize": minimize, "winner": None}
+                              "pick": pick, "minimize": minimize, "winner": None,
+                              "median_accuracies": accuracies, "accuracy_floor": floor,
+                              "baseline_accuracies": all_base}
     best_of = min if minimize else max
     if contenders:
         winner = best_of(contenders, key=lambda t: medians[str(t.number)])

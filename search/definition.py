@@ -56,6 +56,7 @@ class BurstSection:
 @dataclass(frozen=True)
 class GuardSection:
     max_accuracy_drop: float = 0.02
+    baseline_runs: int = 2  # the baseline is measured this many times (seeds seed, seed+1, ...)
 
 
 @dataclass(frozen=True)
@@ -130,7 +131,8 @@ _SECTIONS: dict[str, dict[str, tuple[tuple[type, ...], str]]] = {
         "timeout_s": (_NUMBER, "a number of seconds > 0"),
         "min_window_seconds": (_NUMBER, "a number of seconds >= 0 (0: no check)"),
     },
-    "guard": {"max_accuracy_drop": (_NUMBER, "a number between 0 and 1")},
+    "guard": {"max_accuracy_drop": (_NUMBER, "a number between 0 and 1"),
+              "baseline_runs": ((int,), "an integer >= 1")},
     "confirm": {
         "top_k": ((int,), "an integer >= 0 (0 turns confirmation off)"),
         "repeats": ((int,), "an integer >= 1"),
@@ -233,6 +235,7 @@ def parse(text: str, source: str = "<string>", default_name: str | None = None) 
     guard = GuardSection(**_section(raw, "guard", where))
     _check_range(0 <= guard.max_accuracy_drop <= 1, where, "[guard] max_accuracy_drop",
                  "a number between 0 and 1", guard.max_accuracy_drop)
+    _check_range(guard.baseline_runs >= 1, where, "[guard] baseline_runs", "an integer >= 1", guard.baseline_runs)
 
     space_def = for_framework(framework)
     baseline = raw.get("baseline", {})

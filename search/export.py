@@ -50,6 +50,8 @@ def best_config(study: optuna.Study, pick: str | None = None) -> dict[str, Any]:
             "baseline_median": confirmed["medians"][str(confirmed["baseline"])],
             "speedup": confirmed.get("speedup"), "speedup_range": confirmed.get("speedup_range"),
             "rounds": confirmed["repeats"], "baseline_won": best.number == confirmed["baseline"],
+            "median_accuracy": (confirmed.get("median_accuracies") or {}).get(str(best.number)),
+            "accuracy_floor": confirmed.get("accuracy_floor"),
             "unit": "seconds to target" if confirmed.get("minimize") else "samples/s",
         }
     return {
@@ -67,12 +69,18 @@ def best_config(study: optuna.Study, pick: str | None = None) -> dict[str, Any]:
             "speedup": sps / base_sps if base_sps else None,
             "val_accuracy": best.user_attrs.get("val_accuracy"),
             "baseline_val_accuracy": base.user_attrs.get("val_accuracy") if base else None,
+            "baseline_accuracies": base.user_attrs.get("baseline_accuracies") if base else None,
+            "accuracy_floor": (confirmed or {}).get("accuracy_floor") or best.user_attrs.get("accuracy_floor"),
             "effective_batch_size": best.user_attrs.get("effective_batch_size"),
             "warmup_seconds": best.user_attrs.get("warmup_seconds"),
             "peak_memory_mb": best.user_attrs.get("peak_memory_mb"),
             "effective_samples_per_second": best.user_attrs.get("effective_samples_per_second"),
             "time_to_accuracy": best.user_attrs.get("time_to_accuracy"),
         },
+        # production must run the winner's batch size with the learning rate it was measured with
+        "lr_scaling": definition.get("study", {}).get("lr_scaling", "none"),
+        "lr_scale": best.user_attrs.get("lr_scale", 1.0),
+        "learning_rate": (best.user_attrs.get("applied") or {}).get("learning_rate"),
         "objective": results.mode(study),
         "pick": pick or ("fastest-feasible" if results.mode(study) == "pareto" else None),
         "confirmed": confirmed_block,

@@ -5,6 +5,7 @@ it would ignore); a trial pruned for being slow is PRUNED with its window rates 
 values."""
 from __future__ import annotations
 
+import statistics
 from dataclasses import dataclass
 from typing import Any, Callable
 
@@ -20,7 +21,7 @@ ATTR_FIELDS = (
     "samples_per_second", "samples_per_second_cv", "warmup_seconds", "val_accuracy", "final_loss",
     "effective_batch_size", "peak_memory_mb", "burst_seconds", "window_rates", "nan_step",
     "amp_skipped_steps", "loader", "pipeline", "applied", "lr_scale", "evaluations", "target_reached",
-    "time_to_accuracy",
+    "time_to_accuracy", "settle_seconds", "settle_samples", "settle_drained", "short_windows",
 )
 
 
@@ -119,6 +120,27 @@ def report_from_child(child: ChildResult, resolved: dict[str, Resolved], is_base
     return Report(attrs["outcome"], attrs)
 
 
+def measure_baseline(plan: Plan, resolved: dict[str, Resolved], tick: Callable[[float], None] | None = None
+                     ) -> Report:
+    """The baseline, measured ``[guard] baseline_runs`` times with seeds seed, seed+1, ...: its
+    accuracy is their mean (their spread widens the guard), its rate their median."""
+    report = measure(plan, resolved, True, tick=tick)
+    runs = plan.definition.guard.baseline_runs
+    if report.outcome != "ok" or report.val_accuracy is None or runs < 2:
+        return report
+    reports = [report] + [measure(plan, resolved, True, tick=tick, seed_offset=i) for i in range(1, runs)]
+    ok = [r for r in reports if r.outcome == "ok" and r.val_accuracy is not None]
+    report.attrs["baseline_runs"] = [{"seed_offset": i, "outcome": r.outcome, "val_accuracy": r.val_accuracy,
+                                      "samples_per_second": r.samples_per_second}
+                                     for i, r in enumerate(reports)]
+    report.attrs["baseline_accuracies"] = [r.val_accuracy for r in ok]
+    report.attrs["val_accuracy"] = statistics.fmean(r.val_accuracy for r in ok)  # type: ignore[misc]
+    rates = [r.samples_per_second for r in ok if r.samples_per_second]
+    if rates:
+        report.attrs["samples_per_second"] = statistics.median(rates)
+    return report
+
+
 def suggest(plan: Plan, trial: optuna.Trial) -> dict[str, Resolved]:
     """Every knob's value for ``trial``: suggested by the sampler, or its default and why."""
     return plan.space.resolve(plan.space.suggest(trial, plan.offer), plan.offer, plan.ctx)
@@ -187,14 +209,24 @@ def duplicate_of(study: optuna.Study, trial: optuna.Trial) -> int | None:
     return None
 
 
-def accuracy_constraint(val_accuracy: float, baseline_accuracy: float, max_drop: float) -> float:
-    """<= 0 when the trial keeps accuracy within ``max_drop`` of the baseline's."""
-    return round((baseline_accuracy - max_drop) - val_accuracy, 6)
+def accuracy_floor(baseline_accuracies: list[float], max_drop: float) -> float:
+    """The accuracy a trial must reach: the baseline's mean accuracy minus ``max_drop``, minus the
+    baseline's own seed-to-seed spread (sample standard deviation; 0 with one measurement), so
+    that a configuration as good as the baseline is not rejected by the noise of one run."""
+    mean = statistics.fmean(baseline_accuracies)
+    spread = statistics.stdev(baseline_accuracies) if len(baseline_accuracies) > 1 else 0.0
+    return round(mean - max_drop - spread, 6)
 
 
-def objective_values(report: Report, definition: Definition, baseline_accuracy: float | None
+def baseline_accuracies(attrs: dict[str, Any]) -> list[float]:
+    """Every held-out accuracy measured for a baseline trial (its runs with different seeds)."""
+    return list(attrs.get("baseline_accuracies") or [attrs["val_accuracy"]])
+
+
+def objective_values(report: Report, definition: Definition, base_accuracies: list[float] | None
                      ) -> tuple[list[float], float, dict[str, Any]]:
-    """An ok trial's values (one per study direction), its accuracy constraint, extra attributes."""
+    """An ok trial's values (one per study direction), its accuracy constraint, extra attributes.
+    ``base_accuracies`` are the baseline's accuracies (None: this trial is the baseline)."""
     cfg, a = definition.study, report.attrs
     extra: dict[str, Any] = {}
     if cfg.job_samples:
@@ -210,16 +242,16 @@ def objective_values(report: Report, definition: Definition, baseline_accuracy: 
         # Not reached: the training time it spent without reaching the target (a real measurement).
         seconds = a["time_to_accuracy"] if a.get("target_reached") else a.get("burst_seconds", 0.0)
         return [seconds], constraint, extra
-    reference = a["val_accuracy"] if baseline_accuracy is None else baseline_accuracy
-    max_drop = definition.guard.max_accuracy_drop
-    extra["accuracy_floor"] = round(reference - max_drop, 6)
-    constraint = accuracy_constraint(a["val_accuracy"], reference, max_drop)
+    reference = baseline_accuracies(a) if base_accuracies is None else base_accuracies
+    floor = accuracy_floor(reference, definition.guard.max_accuracy_drop)
+    extra["accuracy_floor"] = floor
+    constraint = round(floor - a["val_accuracy"], 6)
     values = [rate, a["val_accuracy"]] if cfg.objective == "pareto" else [rate]
     return values, constraint, extra
 
 
 def tell(study: optuna.Study, trial: optuna.Trial, report: Report, definition: Definition,
-         baseline_accuracy: float | None) -> None:
+         base_accuracies: list[float] | None) -> None:
     """Store the attributes and tell Optuna the values, constraints and state."""
     cv = report.attrs.get("samples_per_second_cv")
     if cv is not None:
@@ -234,7 +266,7 @@ def tell(study: optuna.Study, trial: optuna.Trial, report: Report, definition: D
         study.tell(trial, state=TrialState.PRUNED)
         return
     if report.outcome == "ok" and report.val_accuracy is not None:
-        values, constraint, extra = objective_values(report, definition, baseline_accuracy)
+        values, constraint, extra = objective_values(report, definition, base_accuracies)
         report.attrs.update(extra, feasible=constraint <= 0)
         for key, value in report.attrs.items():
             trial.set_user_attr(key, value)

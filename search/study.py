@@ -15,7 +15,8 @@ from search.definition import Definition
 from search.errors import RunError, UserError
 from search.confirm import confirm
 from search.diagnose import diagnose_study
-from search.objective import Plan, duplicate_of, measure, prune_rule, suggest, tell
+from search.objective import (Plan, baseline_accuracies, duplicate_of, measure, measure_baseline, prune_rule,
+                              suggest, tell)
 from search.probe import probe
 from search.progress import Progress
 from search.storage import is_sqlite, open_storage, redact, resolve_url
@@ -129,6 +130,26 @@ def _unmeasured(study: optuna.Study, plan: Plan, rng: random.Random) -> dict[str
     return None
 
 
+def short_windows_note(number: int, short: dict[str, Any]) -> str:
+    return (f"note: trial #{number}'s shortest window lasted {short['shortest_seconds'] * 1000:.0f} ms, under "
+            f"[burst] min_window_seconds = {short['min_window_seconds']:g}: timing, queue transients and "
+            f"allocator effects weigh on such windows; [burst] train_samples = {short['suggested_train_samples']} "
+            f"would make them long enough (for a new study: --name)")
+
+
+def resolution_warning(definition: Definition, eval_samples: int | None) -> str | None:
+    """A warning when the guard is finer than a few images of the held-out split can resolve."""
+    drop = definition.guard.max_accuracy_drop
+    if not eval_samples or definition.study.objective == "time-to-accuracy":
+        return None
+    step = 1 / eval_samples
+    if drop >= 3 * step:
+        return None
+    return (f"warning: [guard] max_accuracy_drop = {drop:g} is under 3 images' worth of the held-out split "
+            f"({eval_samples} images: one image moves val_accuracy by {step:.4f}); good configurations will be "
+            f"rejected at random: use max_accuracy_drop >= {3 * step:.3f} or a larger held-out split")
+
+
 def _notes(plan: Plan, err: TextIO) -> None:
     for knob, notes in plan.offer.dropped.items():
         for note in notes:
@@ -181,6 +202,9 @@ def run(definition: Definition, storage_url: str | None = None, trials: int | No
     fingerprint = info["fingerprint"]
     plan = make_plan(definition, info)
     _notes(plan, err)
+    warning = resolution_warning(definition, info["workload"].get("eval_samples"))
+    if warning:
+        err.write(warning + "\n")
 
     study, created = load_or_create(storage, name, definition, fingerprint, make_sampler(definition, target))
     if not created and is_sqlite(url):
@@ -200,6 +224,7 @@ def run(definition: Definition, storage_url: str | None = None, trials: int | No
     started = time.monotonic()
     trial = None
     rng = random.Random(study_cfg.seed)
+    warned_short = False
     try:
         while len(results.finished(study)) < target:
             if timeout is not None and time.monotonic() - started > timeout:
@@ -227,11 +252,13 @@ def run(definition: Definition, storage_url: str | None = None, trials: int | No
             if "source" not in trial.user_attrs:
                 trial.set_user_attr("source", study_cfg.sampler)
             progress.started(trial.number)
-            watch = None if is_baseline else prune_rule(plan, study)
-            report = measure(plan, resolved, is_baseline, tick=progress.tick, watch=watch)
+            if is_baseline:
+                report = measure_baseline(plan, resolved, tick=progress.tick)
+            else:
+                report = measure(plan, resolved, False, tick=progress.tick, watch=prune_rule(plan, study))
             base = results.baseline(study)
             base_ok = base is not None and base.user_attrs.get("outcome") == "ok"
-            base_acc = base.user_attrs.get("val_accuracy") if base_ok and not is_baseline else None
+            base_acc = baseline_accuracies(base.user_attrs) if base_ok and not is_baseline else None
             if not is_baseline and not base_ok:
                 raise RunError("no successful baseline trial to compare with; run again to re-measure it")
             if report.outcome == "pruned":
@@ -246,6 +273,10 @@ def run(definition: Definition, storage_url: str | None = None, trials: int | No
             base = results.baseline(study)
             base_knobs = results.knob_values(base) if base else None
             progress.finished(trial_line(finished_trial.number, finished_trial.user_attrs, progress.best, base_knobs))
+            short = finished_trial.user_attrs.get("short_windows")
+            if short and not warned_short:
+                warned_short = True
+                err.write(short_windows_note(finished_trial.number, short) + "\n")
             if is_baseline and report.outcome == "ok":
                 _enqueue_advice(study, plan)
             if is_baseline and report.outcome != "ok":

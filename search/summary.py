@@ -115,7 +115,10 @@ def study_summary(study: optuna.Study, url: str) -> str:
         lines += ["", "  best knobs: " + changed_knobs(_applied(best), results.knob_values(base))]
         floor = best.user_attrs.get("accuracy_floor")
         if floor is not None:
-            lines.append(f"  accuracy guard: val_accuracy >= {floor:.3f} (baseline minus max_accuracy_drop)")
+            runs = len(base.user_attrs.get("baseline_accuracies") or [0])
+            how = (f"the baseline's mean over {runs} seeds minus max_accuracy_drop minus their spread" if runs > 1
+                   else "baseline minus max_accuracy_drop")
+            lines.append(f"  accuracy guard: val_accuracy >= {floor:.3f} ({how})")
         if "effective_samples_per_second" in best.user_attrs:
             lines.append(f"  job amortisation: {rate(best.user_attrs['samples_per_second'])} samples/s steady, "
                          f"{rate(best.user_attrs['effective_samples_per_second'])} over the planned job "
@@ -128,6 +131,11 @@ def study_summary(study: optuna.Study, url: str) -> str:
     if pruned:
         saved = sum(t.user_attrs.get("time_saved_seconds", 0) for t in pruned)
         lines.append(f"  pruning: {len(pruned)} trial(s) stopped early, saving about {saved:.0f} s")
+    short = [t for t in results.finished(study) if t.user_attrs.get("short_windows")]
+    if short:
+        suggested = max(t.user_attrs["short_windows"]["suggested_train_samples"] for t in short)
+        lines.append(f"  short windows: {len(short)} trial(s) had windows under [burst] min_window_seconds; "
+                     f"train_samples = {suggested} would lengthen them (a new study: --name)")
     noisy = [t for t in results.finished(study) if t.user_attrs.get("noisy")]
     if noisy:
         lines.append(f"  noise: {len(noisy)} trial(s) had window rates varying more than "

@@ -43,6 +43,17 @@ def _precision_value(value: Any, ctx: Context) -> str | None:
     return None
 
 
+def _no_tf32(ctx: Context) -> str | None:
+    if not _hw(ctx).get("gpu"):
+        return "TF32 is a GPU tensor-core format; this machine has no GPU"
+    return None if _hw(ctx).get("tf32") else "this GPU has no TF32 tensor cores (before Ampere)"
+
+
+def _mixed(values: Any) -> str | None:
+    policy = values.get("mixed_precision", "float32")
+    return None if policy == "float32" else f"mixed_precision={policy} computes in 16 bits: fp32 precision does not apply"
+
+
 KNOBS = (
     batch_size_knob(),
     accumulation_knob("Keras 3 optimizer gradient_accumulation_steps"),
@@ -68,6 +79,8 @@ KNOBS = (
     Knob("loop", str, "fit", "Keras model.fit, or a custom loop under @tf.function",
          choices=lambda ctx: ["fit", "custom"], check=one_of("fit", "custom")),
     threads_knob("tf.config.threading intra-op threads", "TensorFlow"),
+    Knob("tf32", bool, True, "TF32 tensor cores for fp32 matmuls and convolutions (TensorFlow's default on Ampere+)",
+         choices=lambda ctx: [True, False], unavailable=_no_tf32, inactive=_mixed),
 )
 
 

@@ -19,7 +19,7 @@ def test_probe_on_cpu_offers_no_cuda_knobs():
     from spaces import for_framework
 
     offer = for_framework("pytorch").offer({"hardware": hw, "workload": child.data["workload"]}, {}, {})
-    assert set(offer.unavailable) == {"pin_memory", "cudnn_benchmark", "cudnn_deterministic"}
+    assert set(offer.unavailable) == {"pin_memory", "cudnn_benchmark", "cudnn_deterministic", "matmul_precision"}
     assert "fp16" not in offer.choices["amp"] and "channels_last" in offer.choices
 
 

@@ -7,14 +7,14 @@ from spaces import for_framework
 
 CPU = {"hardware": {"device": "cpu", "cuda": False, "bf16": True, "usable_cores": 2},
        "workload": {"batch_size": 64, "conv": False}}
-CUDA = {"hardware": {"device": "cuda", "cuda": True, "bf16": True, "usable_cores": 16},
+CUDA = {"hardware": {"device": "cuda", "cuda": True, "bf16": True, "tf32": True, "usable_cores": 16},
         "workload": {"batch_size": 64, "conv": True}}
 SPACE = for_framework("pytorch")
 
 
 def test_cuda_only_knobs_are_not_offered_on_cpu_and_say_why():
     offer = SPACE.offer(CPU, {}, {})
-    for knob in ("pin_memory", "cudnn_benchmark", "cudnn_deterministic"):
+    for knob in ("pin_memory", "cudnn_benchmark", "cudnn_deterministic", "matmul_precision"):
         assert knob not in offer.choices and "CUDA" in offer.unavailable[knob]
     assert offer.choices["amp"] == ["off", "bf16"]
     assert "reduce-overhead" not in offer.choices["compile"]
@@ -80,7 +80,51 @@ def test_advice_follows_the_seeds_on_cuda():
     offer = SPACE.offer(CUDA, {}, {})
     advice = SPACE.advice_params(offer, CUDA, {})
     assert advice["num_workers"] == 8 and advice["pin_memory"] is True
-    assert advice["amp"] == "fp16" and advice["cudnn_benchmark"] is True and advice["compile"] == "default"
+    # bf16 where the GPU has it (no loss scaling), fp16 with GradScaler only where it has not
+    assert advice["amp"] == "bf16" and advice["cudnn_benchmark"] is True and advice["compile"] == "default"
+    old_gpu = {"hardware": {**CUDA["hardware"], "bf16": False, "tf32": False}, "workload": CUDA["workload"]}
+    assert SPACE.advice_params(SPACE.offer(old_gpu, {}, {}), old_gpu, {})["amp"] == "fp16"
+
+
+def test_cudnn_flags_are_offered_only_for_models_with_convolutions():
+    mlp = {"hardware": CUDA["hardware"], "workload": {"batch_size": 64, "conv": False}}
+    offer = SPACE.offer(mlp, {}, {})
+    for knob in ("cudnn_benchmark", "cudnn_deterministic", "channels_last"):
+        assert knob not in offer.choices and "convolutions" in offer.unavailable[knob]
+    assert "cudnn_benchmark" in SPACE.offer(CUDA, {}, {}).choices
+
+
+def test_matmul_precision_is_searched_only_where_it_can_change_something():
+    offer = SPACE.offer(CUDA, {}, {})
+    assert offer.choices["matmul_precision"] == ["highest", "high"]
+    # under autocast the matmuls run in bf16/fp16: the fp32 precision is not asked
+    trial = Recorder()
+    values = SPACE.suggest(trial, SPACE.offer(CUDA, {"amp": ["bf16"]}, {"amp": "bf16"}))
+    assert "matmul_precision" not in trial.asked and "matmul_precision" not in values
+    resolved = SPACE.resolve(values, SPACE.offer(CUDA, {"amp": ["bf16"]}, {"amp": "bf16"}), CUDA)
+    assert resolved["matmul_precision"].applied is False and "bf16" in resolved["matmul_precision"].why
+    pre_ampere = {"hardware": {**CUDA["hardware"], "tf32": False}, "workload": CUDA["workload"]}
+    assert "Ampere" in SPACE.offer(pre_ampere, {}, {}).unavailable["matmul_precision"]
+
+
+def test_cuda_graphs_with_accumulation_are_invalid_on_cuda_only():
+    for mode in ("reduce-overhead", "max-autotune"):
+        why = SPACE.invalid({"compile": mode, "accumulation_steps": 2}, CUDA)
+        assert why and "accumulation_steps=2" in why and "CUDA graphs" in why
+        assert SPACE.invalid({"compile": mode, "accumulation_steps": 1}, CUDA) is None
+    assert SPACE.invalid({"compile": "default", "accumulation_steps": 4}, CUDA) is None
+    assert SPACE.invalid({"compile": "max-autotune", "accumulation_steps": 2}, CPU) is None  # no CUDA graphs
+
+
+def test_tensorflow_tf32_knob_follows_the_gpu_and_the_policy():
+    tf_space = for_framework("tensorflow")
+    gpu = {"hardware": {"gpu": True, "cuda": True, "bf16": True, "tf32": True, "usable_cores": 8},
+           "workload": {"batch_size": 64}}
+    assert tf_space.offer(gpu, {}, {}).choices["tf32"] == [True, False]
+    assert "no GPU" in tf_space.offer(CPU, {}, {}).unavailable["tf32"]
+    offer = tf_space.offer(gpu, {"mixed_precision": ["mixed_bfloat16"]}, {"mixed_precision": "mixed_bfloat16"})
+    resolved = tf_space.resolve(tf_space.suggest(Recorder(), offer), offer, gpu)
+    assert resolved["tf32"].applied is False and "16 bits" in resolved["tf32"].why
 
 
 def test_grid_and_random_params_respect_conditions():

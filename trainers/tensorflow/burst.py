@@ -17,7 +17,8 @@ import tensorflow as tf
 from trainers.common.errors import InvalidKnobs
 from trainers.common.protocol import (BurstRecord, BurstSpec, GuardReading, Hooks, Schedule, WindowTimer, drive,
                                       hooks_from, make_schedule)
-from trainers.tensorflow.data import build_pipeline, count_records, describe_pipeline, pipeline_knobs
+from trainers.tensorflow.data import build_pipeline, count_records, describe_pipeline, pipeline_knobs, read_ahead
+from trainers.tensorflow.faults import oom_reason
 from trainers.tensorflow.workload import Workload, load
 
 POLICIES = ("float32", "mixed_bfloat16", "mixed_float16")
@@ -150,18 +151,22 @@ class Trainer:
         self.gpu = bool(tf.config.list_physical_devices("GPU"))
         _check(knobs, self.gpu)
         k, spe = int(knobs["accumulation_steps"]), int(knobs["steps_per_execution"])
-        self.schedule = make_schedule(self.spec, int(knobs["batch_size"]), k, spe)
+        self.schedule = make_schedule(self.spec, int(knobs["batch_size"]), k, spe, read_ahead=read_ahead(knobs))
         self.policy, self.jit, self.loop = knobs["mixed_precision"], bool(knobs["jit_compile"]), knobs["loop"]
+        if self.gpu and "tf32" in knobs:  # TensorFlow's default on Ampere and newer: TF32 on
+            tf.config.experimental.enable_tensor_float_32_execution(bool(knobs["tf32"]))
         keras.mixed_precision.set_global_policy(self.policy)
         keras.utils.set_random_seed(self.spec.seed)
         setup_start = time.perf_counter()
         self.workload = workload = load(request["workload"], request.get("workload_options"))
-        shuffle_buffer = workload.train_size or count_records(workload.train_files)
-        if shuffle_buffer < self.schedule.batch_size:
+        # the probe counted the records once for the study; only a child run by hand counts here
+        records = request.get("train_records") or workload.train_size or count_records(workload.train_files)
+        if records < self.schedule.batch_size:
             raise InvalidKnobs(f"batch_size={self.schedule.batch_size} is larger than the training set "
-                               f"({shuffle_buffer} samples)")
+                               f"({records} samples)")
+        self.shuffle_buffer = min(records, workload.shuffle_buffer)
         self.ds = build_pipeline(workload.train_files, workload.parse_fn, workload.augment_fn, knobs,
-                                 shuffle_buffer, self.spec.seed)
+                                 self.shuffle_buffer, self.spec.seed)
         self.model = workload.build_model()
         self.optimizer = workload.build_optimizer(**({"gradient_accumulation_steps": k} if k > 1 else {}))
         self.lr_scale = float(request.get("lr_scale", 1.0))
@@ -169,8 +174,11 @@ class Trainer:
             self.optimizer.learning_rate = float(self.optimizer.learning_rate) * self.lr_scale
         self.setup_seconds = time.perf_counter() - setup_start
 
+    def eval_batch_size(self) -> int:
+        return int(self.workload.eval_batch_size or self.schedule.batch_size)
+
     def evaluate(self) -> float:
-        return evaluate(self.workload, self.model)
+        return evaluate(self.workload, self.model, self.eval_batch_size())
 
     def fit(self, hooks: Hooks | None) -> tuple[BurstRecord, dict[str, Any]]:
         model, schedule = self.model, self.schedule
@@ -215,14 +223,19 @@ class Trainer:
         }
 
 
-def evaluate(workload: Workload, model: keras.Model) -> float:
-    """Score the held-out split with the trained weights: a float32 twin, no augmentation."""
+def evaluate(workload: Workload, model: keras.Model, batch_size: int) -> float:
+    """Score the held-out split with the trained weights: a float32 twin, no augmentation, in
+    batches of ``batch_size``."""
+    policy = keras.mixed_precision.global_policy().name
     keras.mixed_precision.set_global_policy("float32")
-    twin = workload.build_model()
+    try:
+        twin = workload.build_model()
+    finally:
+        keras.mixed_precision.set_global_policy(policy)
     twin.set_weights(model.get_weights())
     inputs, targets = workload.eval_data
-    outputs = np.concatenate([np.asarray(twin(inputs[i:i + 512], training=False))
-                              for i in range(0, len(inputs), 512)])
+    outputs = np.concatenate([np.asarray(twin(inputs[i:i + batch_size], training=False))
+                              for i in range(0, len(inputs), batch_size)])
     return float(workload.metric(outputs, np.asarray(targets)))
 
 
@@ -238,17 +251,28 @@ def _rejected(exc: tf.errors.OpError, knobs: dict[str, Any]) -> InvalidKnobs:
 
 
 def run(request: dict[str, Any]) -> dict[str, Any]:
-    t = Trainer(request)
+    """The burst request's result: measurements, knobs read back, accuracy, or an oom outcome.
+    Building the trainer, training and evaluation all run inside the out-of-memory handling."""
+    try:
+        t = Trainer(request)
+        return _measure(t, request)
+    except Exception as exc:
+        reason = oom_reason(exc)
+        if reason is None:
+            raise
+        return {"outcome": "oom", "failure": reason}
+
+
+def _measure(t: Trainer, request: dict[str, Any]) -> dict[str, Any]:
     knobs, schedule, loop, gpu, threads, k = t.knobs, t.schedule, t.loop, t.gpu, t.threads, t.schedule.accumulation_steps
     pipeline = describe_pipeline(t.ds)
     hooks = hooks_from(request, t.evaluate)
     try:
         record, applied = t.fit(hooks) if loop == "fit" else t.custom(hooks)
-    except tf.errors.ResourceExhaustedError as exc:
-        return {"outcome": "oom", "failure": f"out of memory: {exc.message.splitlines()[0]}"}
     except (tf.errors.InvalidArgumentError, tf.errors.UnimplementedError) as exc:
         raise _rejected(exc, knobs) from None
     policy_used = t.model.dtype_policy.name
+    tf32 = bool(tf.config.experimental.tensor_float_32_execution_enabled())
 
     result: dict[str, Any] = {
         **record.measurement(),
@@ -260,6 +284,7 @@ def run(request: dict[str, Any]) -> dict[str, Any]:
             "steps_per_execution": applied["steps_per_execution"],
             "loop": loop,
             "intra_op_threads": threads and tf.config.threading.get_intra_op_parallelism_threads(),
+            "tf32": tf32,
         },
         "setup_seconds": t.setup_seconds,
         "effective_batch_size": schedule.batch_size * k,
@@ -275,6 +300,10 @@ def run(request: dict[str, Any]) -> dict[str, Any]:
             "loop": loop,
             "intra_op_threads": tf.config.threading.get_intra_op_parallelism_threads(),
             "learning_rate": float(t.optimizer.learning_rate),
+            "tf32": tf32,
+            "shuffle_buffer": t.shuffle_buffer,
+            "read_ahead_batches": read_ahead(knobs),
+            "eval_batch_size": t.eval_batch_size(),
         },
     }
     if applied["amp_skipped_steps"] is not None:

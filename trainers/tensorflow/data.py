@@ -109,6 +109,21 @@ def count_records(files: Sequence[str]) -> int:
     return total
 
 
+AUTOTUNE_PREFETCH_GUESS = 16  # batches assumed held by prefetch(AUTOTUNE), which cannot be read back
+
+
+def read_ahead(knobs: dict[str, Any]) -> int:
+    """Batches the pipeline can hold ready ahead of the train step: the prefetch buffer, plus
+    the elements in flight in the parallel map (in batches)."""
+    prefetch = knobs.get("prefetch") or 0
+    batches = AUTOTUNE_PREFETCH_GUESS if prefetch == AUTOTUNE else int(prefetch)
+    calls = knobs.get("map_parallel_calls") or 0
+    if calls:
+        per_call = 2 * (16 if calls == AUTOTUNE else int(calls))  # parallel map buffers ~2x its calls
+        batches += -(-per_call // int(knobs["batch_size"]))
+    return batches
+
+
 def _calls(value: Any) -> int | None:
     """A parallelism knob as tf.data wants it: None (sequential), AUTOTUNE or a number."""
     if value == AUTOTUNE:

@@ -38,6 +38,8 @@ class Workload:
     fresh every epoch. ``eval_data`` is the held-out ``(inputs, targets)`` as NumPy arrays.
     ``build_optimizer(**kwargs)`` must pass its keyword arguments (``gradient_accumulation_steps``)
     to the Keras optimizer. ``metric(outputs, targets)`` scores the held-out set in [0, 1].
+    ``shuffle_buffer`` bounds the shuffle buffer (records); ``eval_batch_size`` bounds the
+    held-out evaluation's batches (default: the trial's batch size).
     """
 
     build_model: Callable[[], keras.Model]
@@ -49,7 +51,9 @@ class Workload:
     build_optimizer: Callable[..., keras.optimizers.Optimizer] = field(default_factory=adam)
     metric: Callable[[np.ndarray, np.ndarray], float] = accuracy
     batch_size: int = 64
-    train_size: int | None = None  # records in train_files (the shuffle buffer); counted when None
+    train_size: int | None = None  # records in train_files; counted once per study (the probe) when None
+    shuffle_buffer: int = 10_000  # the buffer holds decoded samples: bounded, whatever the data's size
+    eval_batch_size: int | None = None
     name: str = "custom"
 
 
