@@ -139,3 +139,101 @@ def heavy() -> Workload:
 
     return Workload(build_model=model, train_dataset=TensorDataset(x, y), eval_dataset=TensorDataset(x[:64], y[:64]),
                     batch_size=32)
+
+
+class _Warm(nn.Module):
+    """The MLP, with ``warmup_cost`` seconds on its first training call (like a compilation)."""
+
+    def __init__(self, warmup_cost: float) -> None:
+        super().__init__()
+        self.net, self.warmup_cost, self.calls = mlp(), warmup_cost, 0
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        self.calls += 1
+        if self.training and self.calls == 1 and self.warmup_cost:
+            time.sleep(self.warmup_cost)
+        return self.net(x)
+
+
+def slow_input(per_sample: float = 0.002, warmup_cost: float = 0.0, batch_size: int = 16,
+               train: int = 1437) -> Workload:
+    """Input-bound: every training sample takes ``per_sample`` seconds to load (a sleep, so the
+    rate is set by the workers, not by this machine's load); an optional slow first step."""
+    base = tiny(train=train, batch_size=batch_size)
+    base.train_dataset = _Sleepy(base.train_dataset, per_sample)
+    base.build_model = lambda: _Warm(warmup_cost)
+    return base
+
+
+class _OomIn(nn.Module):
+    """Raises MemoryError (what an allocation failure raises) in evaluation, or when moved."""
+
+    def __init__(self, where: str) -> None:
+        super().__init__()
+        self.net, self.where = mlp(), where
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        if self.where == "eval" and not self.training:
+            raise MemoryError("simulated allocation failure in evaluation")
+        return self.net(x)
+
+    def to(self, *args, **kwargs):  # type: ignore[override]
+        if self.where == "build":
+            raise torch.OutOfMemoryError("simulated: CUDA out of memory while moving the model")
+        return super().to(*args, **kwargs)
+
+
+def oom_in(where: str = "eval") -> Workload:
+    """Runs out of memory while evaluating (``eval``) or while the model moves to the device (``build``)."""
+    base = tiny()
+    base.build_model = lambda: _OomIn(where)
+    return base
+
+
+class _KilledWorker(Dataset):
+    def __init__(self, inner: Dataset) -> None:
+        self.inner = inner
+
+    def __len__(self) -> int:
+        return len(self.inner)  # type: ignore[arg-type]
+
+    def __getitem__(self, index: int):
+        from torch.utils.data import get_worker_info
+
+        if get_worker_info() is not None:  # in a DataLoader worker: die as the OOM killer kills
+            os.kill(os.getpid(), 9)
+        return self.inner[index]
+
+
+def worker_killed() -> Workload:
+    """Every DataLoader worker is killed by SIGKILL on its first sample (what the kernel's OOM killer does)."""
+    base = tiny()
+    base.train_dataset = _KilledWorker(base.train_dataset)
+    return base
+
+
+def slow_exit(seconds: float = 120.0) -> Workload:
+    """Trains normally; its process then takes ``seconds`` to exit (a slow teardown)."""
+    import atexit
+
+    atexit.register(time.sleep, seconds)
+    return tiny()
+
+
+class _GraphBreak(nn.Module):
+    """The MLP with a graph break in the middle of forward (torch.compile splits the graph)."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.net = mlp()
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        x = x * 1.0
+        torch._dynamo.graph_break()
+        return self.net(x)
+
+
+def graph_break() -> Workload:
+    base = tiny()
+    base.build_model = _GraphBreak
+    return base

@@ -96,8 +96,8 @@ def make_schedule(spec: BurstSpec, batch_size: int, accumulation_steps: int = 1,
     and whole optimizer steps when they are long enough. ``read_ahead`` is how many micro-batches
     the input pipeline can hold ready (workers x prefetch_factor, a prefetch buffer): the settle
     segment after warm-up trains through them untimed, up to twice that when the pipeline can
-    say that it is not drained yet, and never more than half of what follows the warm-up. The
-    settle comes out of the windows' budget, so every trial trains on the same samples. Raises
+    say that it is not drained yet, leaving each window at least two optimizer steps. The settle
+    comes out of the windows' budget, so every trial trains on the same samples. Raises
     InvalidKnobs when the burst is too short to give every window at least one execution.
     """
     for name, value in (("batch_size", batch_size), ("accumulation_steps", accumulation_steps),
@@ -117,8 +117,9 @@ def make_schedule(spec: BurstSpec, batch_size: int, accumulation_steps: int = 1,
             f"executions of {e} micro-batch(es) of batch_size={batch_size}"
         )
     ends = _window_ends(warm, total, spec.windows, step_align, e)
-    room = (total - warm) // 2 // step_align * step_align  # the windows keep at least half
-    room = min(room, max(0, total - warm - spec.windows * e) // step_align * step_align)
+    # the settle may take all but two alignment units per window: windows that are short but
+    # measured in the steady state beat long ones that are not (short ones are reported)
+    room = max(0, total - warm - spec.windows * max(2 * step_align, e)) // step_align * step_align
     settle_max = min(room, _align_up(2 * read_ahead, step_align)) if read_ahead > 0 else 0
     settle = min(settle_max, _align_up(read_ahead, step_align)) if read_ahead > 0 else 0
     return Schedule(batch_size, k, total, warm, ends, e, settle, settle_max, spec.min_window_seconds)

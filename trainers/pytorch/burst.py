@@ -310,6 +310,11 @@ class Trainer:
             torch.cuda.set_sync_debug_mode("error")
         return accuracy_
 
+    def worker_exit_codes(self) -> list[int]:
+        """Exit codes of the DataLoader workers that have ended (negative: killed by that signal)."""
+        workers = getattr(self.iterator, "_workers", None) or []
+        return [w.exitcode for w in workers if w.exitcode is not None]
+
     def close(self) -> None:
         if self.sync_debug:
             torch.cuda.set_sync_debug_mode("default")
@@ -341,7 +346,7 @@ def run(request: dict[str, Any]) -> dict[str, Any]:
         t = Trainer(request)
         return _measure(t, request)
     except Exception as exc:
-        reason = oom_reason(exc)
+        reason = oom_reason(exc, t.worker_exit_codes() if t is not None else ())
         if reason is None:
             raise
         return {"outcome": "oom", "failure": reason}

@@ -1,0 +1,80 @@
+"""Looks inside a PyTorch trial's machinery in a child process (the tests never import torch):
+``python -m kt_inspect augment|guard_ops``, one JSON line on stdout."""
+from __future__ import annotations
+
+import json
+import sys
+from typing import Any
+
+import torch
+from torch.utils._python_dispatch import TorchDispatchMode
+
+from trainers.pytorch.burst import Trainer, build_loader
+from trainers.pytorch.workload import load
+
+BURST = {"train_samples": 640, "warmup_samples": 64, "windows": 3, "seed": 0}
+
+
+def knobs(**overrides: Any) -> dict[str, Any]:
+    base = {"batch_size": 32, "accumulation_steps": 1, "num_workers": 0, "prefetch_factor": 2,
+            "persistent_workers": False, "intra_op_threads": 0, "pin_memory": False, "amp": "off",
+            "compile": "off", "channels_last": False, "cudnn_benchmark": False, "cudnn_deterministic": False}
+    return {**base, **overrides}
+
+
+def augment() -> dict[str, Any]:
+    """The first batches of the augmented training stream with 0 and with 2 workers (and another seed)."""
+    workload = load("kt_test_workloads:tiny")
+
+    def first(workers: int, seed: int) -> list[torch.Tensor]:
+        extra = {"persistent_workers": True} if workers else {}
+        loader = build_loader(workload, knobs(num_workers=workers, **extra), seed)
+        out = []
+        for epoch in range(2):  # two epochs: the stream goes on identically across epochs
+            for i, (x, _) in enumerate(loader):
+                if i == 3:
+                    break
+                out.append(x)
+        return out
+
+    zero, two, other = first(0, 0), first(2, 0), first(0, 1)
+    return {"same_with_workers": all(torch.equal(a, b) for a, b in zip(zero, two)),
+            "batches": len(zero),
+            "epochs_differ": not torch.equal(zero[0], zero[3]),
+            "other_seed_differs": not torch.equal(zero[0], other[0])}
+
+
+class CountOps(TorchDispatchMode):
+    """Counts the aten ops that do work (views and detach are metadata only)."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.count = 0
+
+    def __torch_dispatch__(self, func, types, args=(), kwargs=None):  # type: ignore[no-untyped-def]
+        if not func.is_view and func.__name__.split(".")[0] not in ("detach", "alias"):
+            self.count += 1
+        return func(*args, **(kwargs or {}))
+
+
+def guard_ops() -> dict[str, Any]:
+    """Ops per training step with the NaN guard on and off (the same batch, 20 steps each)."""
+    counts = {}
+    for guard in (True, False):
+        t = Trainer({"workload": "kt_test_workloads:tiny", "knobs": knobs(), "burst": BURST, "guard": guard})
+        inputs, targets = t.next_batch()
+        t.train_on(inputs, targets, 0)  # optimizer state created outside the count
+        with CountOps() as mode:
+            for i in range(1, 21):
+                t.train_on(inputs, targets, i)
+        counts[guard] = mode.count / 20
+        reading = t.checkpoint()
+        t.close()
+        if guard:
+            finite, mean_loss = reading.finite, reading.mean_loss
+    return {"per_step_guard_on": counts[True], "per_step_guard_off": counts[False],
+            "finite": finite, "mean_loss": mean_loss}
+
+
+if __name__ == "__main__":
+    print(json.dumps({"augment": augment, "guard_ops": guard_ops}[sys.argv[1]]()))
