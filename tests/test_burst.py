@@ -97,7 +97,12 @@ def test_bad_user_workloads_are_errors_not_crashes():
 
 
 @pytest.mark.slow
-def test_compile_is_applied():
-    child = burst(compile="default", timeout=300)
+def test_compile_reports_what_dynamo_really_did():
+    # a model with a graph break in forward: compiled, in two graphs, and the report says why
+    child = burst("kt_test_workloads:graph_break", compile="default", timeout=300)
     assert child.outcome == "ok", child.failure
+    report = child.data["applied"]["compile_report"]
     assert child.data["applied"]["compiled"] is True and child.data["knobs_effective"]["compile"] == "default"
+    assert report["graphs"] >= 2 and report["graph_breaks"] >= 1 and report["eager_fallback"] is False
+    assert report["break_reasons"] and "graph break" in report["note"]
+    assert report["recompiles"] == 0  # drop_last: every step has the same shape

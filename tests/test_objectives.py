@@ -3,6 +3,7 @@ through the CLI on tiny data."""
 from __future__ import annotations
 
 import json
+import statistics
 from pathlib import Path
 
 import optuna
@@ -132,6 +133,32 @@ def test_confirmation_interleaves_and_export_follows_the_confirmed_winner(tmp_pa
     assert doc["confirmed"]["baseline_won"] == (winner == 0)
     assert ("confirmed winner" if winner else "no candidate beat it") in export.stderr
     assert all(t.user_attrs.get("noisy") for t in study.trials if t.user_attrs.get("outcome") == "ok")
+    # the final accuracy verdict uses every baseline accuracy measured: its 2 seeded runs and 3 rounds
+    base_accs = confirmed["baseline_accuracies"]
+    assert len(base_accs) == 2 + 3 and base_accs[:2] == study.trials[0].user_attrs["baseline_accuracies"]
+    assert confirmed["accuracy_floor"] == pytest.approx(statistics.fmean(base_accs) - 0.02 - statistics.stdev(base_accs),
+                                                        abs=1e-6)
+    assert confirmed["median_accuracies"][str(winner)] >= confirmed["accuracy_floor"] or winner == 0
+
+
+def test_the_guard_floor_comes_from_several_baseline_runs(tmp_path: Path):
+    extra = "[guard]\nmax_accuracy_drop = 0.005\nbaseline_runs = 3"
+    path = study_file(tmp_path, body("floor", trials=2, extra=extra).replace('amp = ["off", "bf16"]', 'amp = ["off"]'))
+    proc = knobtune("run", str(path), *FAST, cwd=tmp_path, check=0)
+    # 160 held-out images: one image is 0.00625, so a 0.005 guard is finer than the eval set resolves
+    assert "warning: [guard] max_accuracy_drop = 0.005 is under 3 images' worth" in proc.stderr
+    study = load(tmp_path, "floor")
+    base = study.trials[0].user_attrs
+    runs = base["baseline_runs"]
+    assert [r["seed_offset"] for r in runs] == [0, 1, 2] and all(r["outcome"] == "ok" for r in runs)
+    accs = base["baseline_accuracies"]
+    assert accs == [r["val_accuracy"] for r in runs] and base["val_accuracy"] == pytest.approx(statistics.fmean(accs))
+    assert base["samples_per_second"] == pytest.approx(statistics.median(r["samples_per_second"] for r in runs))
+    floor = statistics.fmean(accs) - 0.005 - statistics.stdev(accs)
+    for t in study.trials:
+        if t.user_attrs.get("outcome") == "ok":
+            assert t.user_attrs["accuracy_floor"] == pytest.approx(floor, abs=1e-6)
+            assert t.constraints["accuracy"] == pytest.approx(floor - t.user_attrs["val_accuracy"], abs=1e-5)
 
 
 def test_amortisation_flips_the_choice_for_a_costly_warm_up(tmp_path: Path):
@@ -166,6 +193,12 @@ def test_effective_batch_stays_fixed_and_lr_scales(tmp_path: Path):
     big = [t for t in load(tmp_path, "lr").trials if t.params.get("batch_size") == 128 and t.user_attrs.get("outcome")]
     assert big and big[0].user_attrs["lr_scale"] == pytest.approx(2.0)
     assert big[0].user_attrs["applied"]["learning_rate"] == pytest.approx(2e-3)
+    # production runs the winner's batch with the learning rate it was measured with
+    knobtune("export", "lr", "-o", "lr.json", cwd=tmp_path, check=0)
+    doc = json.loads((tmp_path / "lr.json").read_text())
+    winner = load(tmp_path, "lr").trials[doc["trial"]].user_attrs
+    assert doc["lr_scaling"] == "sqrt" and doc["lr_scale"] == winner["lr_scale"]
+    assert doc["learning_rate"] == pytest.approx(1e-3 * winner["lr_scale"])
 
 
 @pytest.mark.parametrize("workload, options, expected", [
