@@ -82,6 +82,27 @@ def test_a_combination_tensorflow_rejects_is_invalid_and_says_which():
     assert "TensorFlow rejected this combination (jit_compile=True" in child.failure
 
 
+def test_shuffle_buffer_is_bounded_and_records_come_from_the_request():
+    # the probe counted 320 records once for the study; the trial takes that count from its request
+    child = run_child("tensorflow", "burst", {"workload": "kt_tf_workloads:bounded_shuffle", "knobs": knobs(),
+                                              "burst": BURST, "train_records": 320}, 180)
+    assert child.outcome == "ok", child.failure
+    shuffle = [e for e in child.data["pipeline"] if e["op"] == "ShuffleDataset"][0]
+    assert shuffle["buffer_size"] == 100 == child.data["applied"]["shuffle_buffer"]
+    child = run_child("tensorflow", "burst", {"workload": "kt_tf_workloads:bounded_shuffle", "knobs": knobs(),
+                                              "burst": BURST, "train_records": 50,
+                                              "workload_options": {"shuffle_buffer": 1000}}, 180)
+    assert child.outcome == "ok", child.failure
+    assert child.data["applied"]["shuffle_buffer"] == 50  # the request's count, not a recount (320)
+    assert child.data["applied"]["eval_batch_size"] == 32 and child.data["applied"]["tf32"] is False
+
+
+def test_out_of_memory_in_evaluation_is_oom():
+    child = burst("kt_tf_workloads:oom_in_eval")
+    assert child.outcome == "oom", (child.outcome, child.failure)
+    assert child.failure.startswith("out of memory")
+
+
 def test_mixed_float16_on_cpu_is_invalid():
     child = burst(mixed_precision="mixed_float16")
     assert child.outcome == "invalid" and "needs a GPU" in child.failure

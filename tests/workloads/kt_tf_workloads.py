@@ -85,3 +85,26 @@ def missing() -> Workload:
     return workload
 
 
+
+
+def bounded_shuffle(shuffle_buffer: int = 100) -> Workload:
+    """The tiny digits with the record count left to knobtune and a small shuffle buffer."""
+    workload = tiny()
+    workload.train_size = None
+    workload.shuffle_buffer = shuffle_buffer
+    return workload
+
+
+def oom_in_eval() -> Workload:
+    """Evaluation runs out of memory (the float32 twin's forward raises ResourceExhaustedError)."""
+
+    class Exhausted(keras.layers.Layer):
+        def call(self, x, training=None):
+            if training is False and tf.executing_eagerly():  # the evaluation's float32 twin
+                raise tf.errors.ResourceExhaustedError(None, None, "simulated: OOM when allocating tensor")
+            return x
+
+    def build() -> keras.Model:
+        return keras.Sequential([keras.Input((28, 28, 1)), mlp(), Exhausted(dtype="float32")])
+
+    return tiny(build_model=build)

@@ -272,7 +272,7 @@ def _measure(t: Trainer, request: dict[str, Any]) -> dict[str, Any]:
     except (tf.errors.InvalidArgumentError, tf.errors.UnimplementedError) as exc:
         raise _rejected(exc, knobs) from None
     policy_used = t.model.dtype_policy.name
-    tf32 = bool(tf.config.experimental.tensor_float_32_execution_enabled())
+    tf32 = gpu and bool(tf.config.experimental.tensor_float_32_execution_enabled())  # no TF32 on a CPU
 
     result: dict[str, Any] = {
         **record.measurement(),
