@@ -53,6 +53,7 @@ benchmark: install
 	$(PY) benchmarks/search_vs_grid.py
 	$(PY) benchmarks/frameworks.py
 	$(PY) benchmarks/search_quality.py
+	$(PY) benchmarks/guard_cost.py
 
 dashboard: install
 	$(VENV)/bin/knobtune dashboard

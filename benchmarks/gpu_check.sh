@@ -1,7 +1,10 @@
 #!/usr/bin/env bash
-# GPU check, for a CUDA machine: the CUDA-marked tests, then a short digits-cnn study with the CUDA
-# knobs on (fp16 + GradScaler, bf16, cuDNN flags, pin_memory, channels_last, compile with CUDA
-# graphs), then the winner exported. Prints what it measured. Budget: under 8 minutes.
+# GPU check, for a CUDA machine: the CUDA-marked tests (no host-device sync inside a window,
+# fp16 skips counted, CUDA graphs replayed, CUDA graphs x accumulation refused, TF32 reaching the
+# device), one burst per CUDA-graph mode with accumulation_steps = 2 (must be "invalid"), then a
+# short digits-cnn study with the CUDA knobs on (fp16 + GradScaler, bf16, cuDNN flags, pin_memory,
+# channels_last, compile with CUDA graphs, accumulation, TF32), then the winner exported. Prints
+# what it measured. Budget: under 8 minutes.
 #
 #   benchmarks/gpu_check.sh            # with knobtune installed (make install), or
 #   PYTHON=python3 benchmarks/gpu_check.sh   # from a source tree: wheels in .whl/ are installed first
@@ -22,6 +25,21 @@ echo "== knobtune env"
 "$PY" -m search.cli env
 echo "== CUDA tests"
 timeout 240 "$PY" -m pytest -q -m cuda tests/test_cuda.py
+echo "== CUDA graphs with gradient accumulation (each must be refused as invalid, before training)"
+"$PY" - <<'PY'
+from search.runner import run_child
+from spaces import for_framework
+ctx = {"hardware": {"cuda": True, "bf16": True, "tf32": True, "usable_cores": 8}, "workload": {"batch_size": 64}}
+for mode in ("reduce-overhead", "max-autotune"):
+    for k in (1, 2):
+        knobs = {**for_framework("pytorch").defaults(ctx), "compile": mode, "accumulation_steps": k}
+        child = run_child("pytorch", "burst", {"workload": "digits-cnn", "knobs": knobs,
+                          "burst": {"train_samples": 4096, "warmup_samples": 1024, "windows": 4}}, 300)
+        report = (child.data.get("applied") or {}).get("compile_report") or {}
+        print(f"compile={mode:<15} accumulation_steps={k}: {child.outcome:<8} "
+              f"{child.data.get('samples_per_second', 0):>10,.0f} samples/s  replays={report.get('cudagraph_replays')} "
+              f"skips={report.get('cudagraph_skips')}  {(child.failure or '').splitlines()[0] if child.failure else ''}")
+PY
 echo "== short digits-cnn study with the CUDA knobs"
 timeout 300 "$PY" -m search.cli run benchmarks/gpu-digits-cnn.toml --storage "sqlite:///$work/gpu.db" || true
 "$PY" -m search.cli export gpu-digits-cnn --storage "sqlite:///$work/gpu.db" -o "$work/best.json"
@@ -30,13 +48,17 @@ cat "$work/best.json"
 import sys, optuna
 optuna.logging.set_verbosity(optuna.logging.WARNING)
 study = optuna.load_study(study_name="gpu-digits-cnn", storage=f"sqlite:///{sys.argv[1]}")
-print(f"{'#':>3} {'outcome':<8} {'samples/s':>10} {'acc':>6} {'warmup_s':>8} {'skips':>5}  knobs")
+print(f"{'#':>3} {'outcome':<8} {'samples/s':>10} {'acc':>6} {'warmup_s':>8} {'settle':>6} {'skips':>5} {'sync':>4}  knobs")
 for t in study.trials:
     a = t.user_attrs
     if "outcome" not in a:
         continue
     knobs = {k: v["value"] for k, v in a["knobs"].items() if v["applied"] and k in (
-        "batch_size", "num_workers", "pin_memory", "amp", "compile", "channels_last", "cudnn_benchmark", "cudnn_deterministic")}
+        "batch_size", "accumulation_steps", "num_workers", "pin_memory", "amp", "compile", "channels_last",
+        "cudnn_benchmark", "cudnn_deterministic", "matmul_precision")}
     print(f"{t.number:>3} {a['outcome']:<8} {a.get('samples_per_second', 0):>10,.0f} {a.get('val_accuracy', 0):>6.3f} "
-          f"{a.get('warmup_seconds', 0):>8.1f} {a.get('amp_skipped_steps', 0):>5}  {knobs}")
+          f"{a.get('warmup_seconds', 0):>8.1f} {a.get('settle_samples', 0):>6} {a.get('amp_skipped_steps', 0):>5} "
+          f"{'yes' if (a.get('applied') or {}).get('per_step_sync') else 'no':>4}  {knobs}"
+          + (f"  short windows: {a['short_windows']}" if a.get('short_windows') else "")
+          + (f"  {a['failure'].splitlines()[0]}" if a.get('failure') else ""))
 PY

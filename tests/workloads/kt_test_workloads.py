@@ -237,3 +237,19 @@ def graph_break() -> Workload:
     base = tiny()
     base.build_model = _GraphBreak
     return base
+
+
+class _Loud(nn.Module):
+    def __init__(self, gain: float) -> None:
+        super().__init__()
+        self.net, self.gain = mlp(), gain
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.net(x) * self.gain
+
+
+def loud(gain: float = 1e4) -> Workload:
+    """The MLP with its logits multiplied by ``gain``: under fp16 loss scaling the backward overflows."""
+    base = tiny()
+    base.build_model = lambda: _Loud(gain)
+    return base
