@@ -68,11 +68,12 @@ def plan_for(study_text: str) -> Plan:
     return Plan(d, space, space.offer(ctx, d.space, d.baseline), ctx, os.getcwd())
 
 
-def run_params(plan: Plan, params: dict[str, Any], label: str = "") -> Report:
-    """Measure one configuration (Optuna-style params) in a child, exactly as a trial does."""
+def run_params(plan: Plan, params: dict[str, Any], label: str = "", seed_offset: int = 0) -> Report:
+    """Measure one configuration (Optuna-style params) in a child, exactly as a trial does
+    (``seed_offset`` re-seeds its initialisation, data order and augmentation)."""
     values = {**plan.space.defaults(plan.ctx, plan.definition.baseline), **params}
     resolved = plan.space.resolve(values, plan.offer, plan.ctx)
-    report = measure(plan, resolved, is_baseline=False)
+    report = measure(plan, resolved, is_baseline=False, seed_offset=seed_offset)
     sps = report.samples_per_second
     acc = report.val_accuracy
     print(f"  {label:<10} {report.outcome:<7} {sps or 0:>9,.0f} samples/s  acc {acc or 0:.3f}  {params}", flush=True)

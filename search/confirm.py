@@ -1,6 +1,9 @@
 """Confirmation of winners: re-measure the top candidates and the baseline, interleaved
 (A B C base A B C base ...), so that drift of the machine hits all alike; the winner is the best
-median. A search over noisy measurements otherwise crowns whichever config got lucky once."""
+median. A search over noisy measurements otherwise crowns whichever config got lucky once. Each
+round uses a seed no trial used, so the rounds' accuracies are new samples of each configuration's
+accuracy, and the final guard judges the candidates' median accuracy against every baseline
+accuracy measured."""
 from __future__ import annotations
 
 import statistics
@@ -70,14 +73,17 @@ def confirm(study: optuna.Study, plan: Plan, err: TextIO) -> dict[str, Any] | No
     base_acc = baseline_accuracies(base.user_attrs)
     runs: dict[str, list[dict[str, Any]]] = {str(t.number): [] for t in lineup}
     order: list[int] = []
+    # Each round trains everyone with a fresh seed (the same seed within a round, so the pairing is
+    # fair): accuracies over rounds are independent measurements, not copies of the trials' runs.
+    first_seed = plan.definition.guard.baseline_runs
     for r in range(repeats):
         shown = []
         for t in lineup:
             resolved = plan.space.resolve(t.params, plan.offer, plan.ctx)
-            report = measure(plan, resolved, is_baseline=t is base)
+            report = measure(plan, resolved, is_baseline=t is base, seed_offset=first_seed + r)
             score, ok = _score(plan, report.attrs, None if t is base else base_acc)
             runs[str(t.number)].append({
-                "round": r, "value": score, "passed": ok, "outcome": report.outcome,
+                "round": r, "seed_offset": first_seed + r, "value": score, "passed": ok, "outcome": report.outcome,
                 "samples_per_second": report.attrs.get("samples_per_second"),
                 "val_accuracy": report.attrs.get("val_accuracy"),
                 "knobs": {k: v["value"] for k, v in report.attrs.get("knobs", {}).items() if v.get("applied")},
