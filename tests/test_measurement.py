@@ -70,9 +70,11 @@ def test_short_windows_are_reported_with_the_burst_that_would_fix_them():
     assert "short_windows" not in burst("kt_test_workloads:tiny", {**BURST, "min_window_seconds": 0.0}).data
 
 
-def test_the_nan_guard_adds_no_device_op_per_step():
+def test_the_nan_guard_adds_one_device_op_per_step():
+    # the old guard launched about nine (isfinite, logical_or, where, copy, add, ...); now the
+    # loss is copied into a preallocated buffer, read only at the boundary
     ops = inspect("guard_ops")
-    assert ops["per_step_guard_on"] == ops["per_step_guard_off"] > 0
+    assert ops["per_step_guard_on"] == ops["per_step_guard_off"] + 1 and ops["per_step_guard_off"] > 0
     assert ops["finite"] is True and ops["mean_loss"] > 0
 
 

@@ -12,7 +12,7 @@ from torch.utils._python_dispatch import TorchDispatchMode
 from trainers.pytorch.burst import Trainer, build_loader
 from trainers.pytorch.workload import load
 
-BURST = {"train_samples": 640, "warmup_samples": 64, "windows": 3, "seed": 0}
+BURST = {"train_samples": 2048, "warmup_samples": 64, "windows": 3, "seed": 0}
 
 
 def knobs(**overrides: Any) -> dict[str, Any]:
