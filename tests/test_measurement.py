@@ -84,6 +84,16 @@ def test_augmentation_stream_is_the_same_whatever_num_workers_is():
     assert seen["epochs_differ"] is True and seen["other_seed_differs"] is True
 
 
+def test_training_is_the_same_with_and_without_workers():
+    # the same samples, augmentation and dropout masks in the same order: the same model
+    alone = burst("kt_test_workloads:tiny")
+    workers = burst("kt_test_workloads:tiny", num_workers=2, persistent_workers=True)
+    assert alone.outcome == workers.outcome == "ok", (alone.failure, workers.failure)
+    # (final_loss is the last window's mean, and the windows differ: workers have a settle segment)
+    assert alone.data["trained_samples"] == workers.data["trained_samples"]
+    assert alone.data["val_accuracy"] == workers.data["val_accuracy"]
+
+
 def test_evaluation_runs_in_the_trials_batches():
     child = burst("kt_test_workloads:tiny", batch_size=16)
     assert child.outcome == "ok", child.failure

@@ -108,3 +108,40 @@ def oom_in_eval() -> Workload:
         return keras.Sequential([keras.Input((28, 28, 1)), mlp(), Exhausted(dtype="float32")])
 
     return tiny(build_model=build)
+
+
+def slow_input(per_sample: float = 0.002, warmup_cost: float = 0.0, batch_size: int = 16) -> Workload:
+    """Input-bound: parsing a record sleeps ``per_sample`` seconds (the rate is set by the map's
+    parallel calls, not by this machine's load); an optional slow first training step."""
+    import time
+
+    def slow_parse(serialized: tf.Tensor):
+        image, label = parse_png(serialized)
+        image = tf.numpy_function(lambda x: (time.sleep(per_sample), x)[1], [image], tf.float32)
+        return tf.ensure_shape(image, (28, 28, 1)), label
+
+    calls = {"n": 0}
+
+    def first_call_sleeps(x):
+        calls["n"] += 1
+        if calls["n"] == 1 and warmup_cost:
+            time.sleep(warmup_cost)
+        return x
+
+    class Warm(keras.layers.Layer):
+        def call(self, x, training=None):
+            if training:
+                out = tf.numpy_function(first_call_sleeps, [x], x.dtype)
+                out.set_shape(x.shape)
+                return out
+            return x
+
+        def compute_output_shape(self, input_shape):
+            return input_shape
+
+    def build() -> keras.Model:
+        return keras.Sequential([keras.Input((28, 28, 1)), Warm(dtype="float32"), mlp()])
+
+    workload = tiny(train=1437, batch_size=batch_size, build_model=build)
+    workload.parse_fn = slow_parse
+    return workload

@@ -85,6 +85,10 @@ def build_loader(workload: Workload, knobs: dict[str, Any], seed: int) -> DataLo
         num_workers=workers,
         pin_memory=bool(knobs.get("pin_memory", False)),
         collate_fn=workload.collate_fn,
+        # the workers' base seed comes from this generator; without it the loader draws it from
+        # torch's global RNG, and dropout in the training process would get another stream with
+        # workers than without
+        generator=torch.Generator().manual_seed(seed),
         **extra,
     )
     if len(loader) == 0:
