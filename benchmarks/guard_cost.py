@@ -1,7 +1,7 @@
 """What does the NaN/Inf guard cost? The same training loop with the guard on and off, side by side.
 
-The guard keeps each step's loss tensor (no device op) and checks a window's losses at its
-boundary. This measures it on the shortest step this machine has (in-memory data, a small MLP,
+The guard copies each step's loss into a preallocated device buffer (one small op) and checks a
+window's slice at its boundary. This measures it on the shortest step this machine has (in-memory data, a small MLP,
 one intra-op thread): two trainers built from the same request but for the guard, in one process,
 alternate rounds of the same number of steps (each round closes with a window boundary: sync and
 guard read), so process-to-process and minute-to-minute drift hit both alike. The ratio is the

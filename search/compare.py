@@ -121,10 +121,12 @@ def precision(trial: FrozenTrial) -> str:
     if policy and policy != "float32":
         return policy.replace("mixed_", "") + " mixed precision"
     matmul, tf32 = value("matmul_precision"), value("tf32")
+    convs = (trial.user_attrs.get("applied") or {}).get("cudnn_allow_tf32")  # PyTorch: cuDNN's own flag
+    conv_note = "" if convs is None else (", TF32 convolutions" if convs else ", IEEE convolutions")
     if matmul in ("high", "medium") or tf32 is True:
-        return "fp32, TF32 matmuls"
+        return "fp32, TF32 matmuls" + ("" if tf32 is True else conv_note)
     if matmul == "highest" or tf32 is False:
-        return "fp32, IEEE matmuls"
+        return "fp32, IEEE matmuls" + ("" if tf32 is False else conv_note)
     return "fp32"
 
 

@@ -2,7 +2,7 @@
 (A B C base A B C base ...), so that drift of the machine hits all alike; the winner is the best
 median. A search over noisy measurements otherwise crowns whichever config got lucky once. Each
 round uses a seed no trial used, so the rounds' accuracies are new samples of each configuration's
-accuracy, and the final guard judges the candidates' median accuracy against every baseline
+accuracy, and the final guard judges the candidates' mean accuracy against every baseline
 accuracy measured."""
 from __future__ import annotations
 
@@ -13,7 +13,7 @@ import optuna
 from optuna.trial import FrozenTrial
 
 from search import results
-from search.objective import Plan, accuracy_floor, baseline_accuracies, measure, objective_values
+from search.objective import Plan, baseline_accuracies, final_floor, measure, objective_values
 from search.progress import rate as fmt
 
 ProgressLine = Callable[[str], None]
@@ -92,15 +92,18 @@ def confirm(study: optuna.Study, plan: Plan, err: TextIO) -> dict[str, Any] | No
             value = report.attrs.get("samples_per_second") if report.outcome == "ok" else None
             shown.append(f"{'baseline' if t is base else f'#{t.number}'} {fmt(value) if value else report.outcome}")
         err.write(f"  round {r + 1}/{repeats}: " + "   ".join(shown) + "\n")
-    # The final verdict on accuracy: each candidate's median accuracy over its rounds against a
-    # floor from every baseline accuracy measured (the trial's runs and this confirmation's).
+    # The final verdict on accuracy: each candidate's mean accuracy over its rounds (each a fresh
+    # seed) against the mean of every baseline accuracy measured (the trial's runs and this
+    # confirmation's) minus max_accuracy_drop. During the search the floor also allows for the
+    # baseline's spread, so that the sampler does not learn from noise; here both sides are
+    # means over several seeds, and the winner must meet the guard as the user stated it.
     all_base = base_acc + [e["val_accuracy"] for e in runs[str(base.number)] if e["val_accuracy"] is not None]
-    floor = None if minimize else accuracy_floor(all_base, plan.definition.guard.max_accuracy_drop)
+    floor = None if minimize else final_floor(all_base, plan.definition.guard.max_accuracy_drop)
     medians, accuracies = {}, {}
     for number, entries in runs.items():
         values = [e["value"] for e in entries if e["value"] is not None]
         accs = [e["val_accuracy"] for e in entries if e["val_accuracy"] is not None and e["value"] is not None]
-        accuracies[number] = statistics.median(accs) if accs else None
+        accuracies[number] = statistics.fmean(accs) if accs else None
         if floor is None:
             passed = sum(e["passed"] for e in entries) * 2 > len(entries)  # most runs reach the target
         else:
@@ -111,7 +114,7 @@ def confirm(study: optuna.Study, plan: Plan, err: TextIO) -> dict[str, Any] | No
     record: dict[str, Any] = {"after_trials": len(results.finished(study)), "repeats": repeats, "noisy": noisy,
                               "order": order, "runs": runs, "medians": medians, "baseline": base.number,
                               "pick": pick, "minimize": minimize, "winner": None,
-                              "median_accuracies": accuracies, "accuracy_floor": floor,
+                              "mean_accuracies": accuracies, "accuracy_floor": floor,
                               "baseline_accuracies": all_base}
     best_of = min if minimize else max
     if contenders:

@@ -50,7 +50,7 @@ def best_config(study: optuna.Study, pick: str | None = None) -> dict[str, Any]:
             "baseline_median": confirmed["medians"][str(confirmed["baseline"])],
             "speedup": confirmed.get("speedup"), "speedup_range": confirmed.get("speedup_range"),
             "rounds": confirmed["repeats"], "baseline_won": best.number == confirmed["baseline"],
-            "median_accuracy": (confirmed.get("median_accuracies") or {}).get(str(best.number)),
+            "mean_accuracy": (confirmed.get("mean_accuracies") or {}).get(str(best.number)),
             "accuracy_floor": confirmed.get("accuracy_floor"),
             "unit": "seconds to target" if confirmed.get("minimize") else "samples/s",
         }

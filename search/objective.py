@@ -21,7 +21,7 @@ ATTR_FIELDS = (
     "samples_per_second", "samples_per_second_cv", "warmup_seconds", "val_accuracy", "final_loss",
     "effective_batch_size", "peak_memory_mb", "burst_seconds", "window_rates", "nan_step",
     "amp_skipped_steps", "loader", "pipeline", "applied", "lr_scale", "evaluations", "target_reached",
-    "time_to_accuracy", "settle_seconds", "settle_samples", "settle_drained", "short_windows",
+    "time_to_accuracy", "settle_seconds", "settle_samples", "settle_drained", "short_windows", "unsettled",
 )
 
 
@@ -218,6 +218,13 @@ def accuracy_floor(baseline_accuracies: list[float], max_drop: float) -> float:
     return round(mean - max_drop - spread, 6)
 
 
+def final_floor(baseline_accuracies: list[float], max_drop: float) -> float:
+    """The floor of the final verdict, once every configuration in contention has been measured
+    with several seeds: the baseline's mean accuracy minus ``max_drop``, without the search's
+    allowance for noise (the candidates' own means are compared with it)."""
+    return round(statistics.fmean(baseline_accuracies) - max_drop, 6)
+
+
 def baseline_accuracies(attrs: dict[str, Any]) -> list[float]:
     """Every held-out accuracy measured for a baseline trial (its runs with different seeds)."""
     return list(attrs.get("baseline_accuracies") or [attrs["val_accuracy"]])
@@ -255,7 +262,8 @@ def tell(study: optuna.Study, trial: optuna.Trial, report: Report, definition: D
     """Store the attributes and tell Optuna the values, constraints and state."""
     cv = report.attrs.get("samples_per_second_cv")
     if cv is not None:
-        report.attrs["noisy"] = cv > definition.confirm.noise_cv
+        # a read-ahead the burst had no room to train through also makes the windows unreliable
+        report.attrs["noisy"] = cv > definition.confirm.noise_cv or "unsettled" in report.attrs
     if report.outcome == "pruned":
         for key, value in report.attrs.items():
             trial.set_user_attr(key, value)

@@ -137,6 +137,13 @@ def short_windows_note(number: int, short: dict[str, Any]) -> str:
             f"would make them long enough (for a new study: --name)")
 
 
+def unsettled_note(number: int, unsettled: dict[str, Any]) -> str:
+    return (f"note: trial #{number}'s input pipeline held up to {unsettled['read_ahead_batches']} batches ahead, and "
+            f"the burst had room to train through {unsettled['settled_batches']} before its windows: batches "
+            f"loaded during warm-up may have inflated its rate (marked noisy); [burst] train_samples = "
+            f"{unsettled['suggested_train_samples']} would leave room (for a new study: --name)")
+
+
 def resolution_warning(definition: Definition, eval_samples: int | None) -> str | None:
     """A warning when the guard is finer than a few images of the held-out split can resolve."""
     drop = definition.guard.max_accuracy_drop
@@ -224,7 +231,7 @@ def run(definition: Definition, storage_url: str | None = None, trials: int | No
     started = time.monotonic()
     trial = None
     rng = random.Random(study_cfg.seed)
-    warned_short = False
+    warned_short = warned_unsettled = False
     try:
         while len(results.finished(study)) < target:
             if timeout is not None and time.monotonic() - started > timeout:
@@ -277,6 +284,10 @@ def run(definition: Definition, storage_url: str | None = None, trials: int | No
             if short and not warned_short:
                 warned_short = True
                 err.write(short_windows_note(finished_trial.number, short) + "\n")
+            unsettled = finished_trial.user_attrs.get("unsettled")
+            if unsettled and not warned_unsettled:
+                warned_unsettled = True
+                err.write(unsettled_note(finished_trial.number, unsettled) + "\n")
             if is_baseline and report.outcome == "ok":
                 _enqueue_advice(study, plan)
             if is_baseline and report.outcome != "ok":

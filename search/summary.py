@@ -136,6 +136,11 @@ def study_summary(study: optuna.Study, url: str) -> str:
         suggested = max(t.user_attrs["short_windows"]["suggested_train_samples"] for t in short)
         lines.append(f"  short windows: {len(short)} trial(s) had windows under [burst] min_window_seconds; "
                      f"train_samples = {suggested} would lengthen them (a new study: --name)")
+    unsettled = [t for t in results.finished(study) if t.user_attrs.get("unsettled")]
+    if unsettled:
+        suggested = max(t.user_attrs["unsettled"]["suggested_train_samples"] for t in unsettled)
+        lines.append(f"  read-ahead: {len(unsettled)} trial(s) could not train through their input pipeline's "
+                     f"read-ahead before the windows; train_samples = {suggested} would leave room (a new study: --name)")
     noisy = [t for t in results.finished(study) if t.user_attrs.get("noisy")]
     if noisy:
         lines.append(f"  noise: {len(noisy)} trial(s) had window rates varying more than "

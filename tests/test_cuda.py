@@ -59,9 +59,9 @@ def test_cuda_graphs_are_replayed_by_reduce_overhead():
     assert child.outcome == "ok", child.failure
     report = child.data["applied"]["compile_report"]
     assert report["cudagraph_skips"] == 0 and child.data["knobs_effective"]["compile"] == "reduce-overhead"
-    # every measured step after warm-up replays a recorded graph
+    # every measured step after warm-up replays its recorded forward and backward graphs
     measured_steps = sum(child.data["window_samples"]) // 64
-    assert report["cudagraph_replays"] >= measured_steps
+    assert report["cudagraph_replays"] >= 2 * measured_steps
 
 
 @pytest.mark.parametrize("mode", ["reduce-overhead", "max-autotune"])

@@ -39,8 +39,9 @@ def inspect(command: str) -> dict[str, Any]:
 
 
 # 2 ms per sample, batches of 16, 2 workers: the pipeline gives about 1,000 samples/s. Each worker
-# prefetches 32 batches, so 64 batches (1,024 samples) pile up during a slow warm-up: more than
-# the windows that follow hold. Without the settle segment they would be trained at compute speed.
+# prefetches 24 batches, so 48 batches (768 samples) pile up during a slow warm-up: more than the
+# windows that follow hold. Without the settle segment they would be trained at compute speed
+# (measured: 2,195 samples/s against 759 before this protocol had it).
 SLOW = {"train_samples": 64 + 100 * 16, "warmup_samples": 64, "windows": 3, "seed": 0}
 
 
@@ -48,17 +49,18 @@ def test_read_ahead_piled_up_during_warm_up_is_not_measured():
     rates = {}
     for warmup_cost in (0.0, 3.0):
         child = burst("kt_test_workloads:slow_input", SLOW, options={"warmup_cost": warmup_cost}, batch_size=16,
-                      num_workers=2, prefetch_factor=32, persistent_workers=True, intra_op_threads=1)
+                      num_workers=2, prefetch_factor=24, persistent_workers=True, intra_op_threads=1)
         assert child.outcome == "ok", child.failure
         d = child.data
         rates[warmup_cost] = d["samples_per_second"]
         assert d["settle_samples"] > 0 and d["trained_samples"] == SLOW["train_samples"]
         if warmup_cost:  # the queue was full when warm-up ended; the settle segment emptied it
             assert d["warmup_seconds"] > warmup_cost and d["settle_drained"] is True
-            assert d["settle_samples"] >= 32 * 16  # at least half the read-ahead was trained through
+            assert d["settle_samples"] >= 24 * 16  # at least half the read-ahead was trained through
+            assert "unsettled" not in d
     # the same pipeline measures the same steady rate, slow warm-up or not (the read-ahead alone
     # would have made the windows after the slow warm-up several times faster)
-    assert 0.7 < rates[3.0] / rates[0.0] < 1.4, rates
+    assert 0.6 < rates[3.0] / rates[0.0] < 1.6, rates  # (without the settle: about 3x)
 
 
 def test_short_windows_are_reported_with_the_burst_that_would_fix_them():
@@ -95,9 +97,10 @@ def test_training_is_the_same_with_and_without_workers():
 
 
 def test_evaluation_runs_in_the_trials_batches():
-    child = burst("kt_test_workloads:tiny", batch_size=16)
+    # the model refuses evaluation batches over 16: evaluating at a fixed 512 would crash
+    child = burst("kt_test_workloads:eval_limit", options={"limit": 16}, batch_size=16)
     assert child.outcome == "ok", child.failure
-    assert child.data["applied"]["eval_batch_size"] == 16
+    assert child.data["applied"]["eval_batch_size"] == 16 and child.data["val_accuracy"] > 0
 
 
 @pytest.mark.parametrize("where", ["eval", "build"])

@@ -1,6 +1,8 @@
 """The measurement protocol's framework-free half: schedule, timing windows, guard stop."""
 from __future__ import annotations
 
+import math
+
 import pytest
 
 from trainers.common.errors import InvalidKnobs
@@ -100,3 +102,70 @@ def test_drive_stops_at_the_boundary_after_a_non_finite_loss():
     assert record.nan_step == 5
     assert record.steps_done == 6  # the window holding step 5 ends at step 6; nothing after
     assert record.measurement()["nan_step"] == 5
+
+
+def _drive(schedule, drained=None, clock=None):
+    def step(first: int, count: int) -> int:
+        if clock is not None:
+            clock.now += count
+        return schedule.batch_size * count
+
+    return drive(schedule, step, lambda: GuardReading(True, None, 0.1), clock=clock or FakeClock(), drained=drained)
+
+
+def test_settle_trains_through_the_read_ahead_until_the_pipeline_is_drained():
+    spec = BurstSpec(train_samples=4000, warmup_samples=400, windows=3)
+    schedule = make_schedule(spec, 100, read_ahead=6)  # 40 steps: warm-up 4, then settle, then windows
+    assert (schedule.read_ahead, schedule.settle_max) == (6, 12)
+    answers = iter([False, False, True])  # drained after the third settle step
+    record = _drive(schedule, drained=lambda: next(answers), clock=FakeClock())
+    assert record.settle_samples == 300 and record.settle_drained is True and record.unsettled is None
+    assert record.settle_seconds == 3.0  # timed apart, like the warm-up
+    samples = [s for s, _ in record.windows]
+    assert len(samples) == 3 and sum(samples) == 4000 - 400 - 300  # the settle came out of the windows
+    assert record.warmup_samples + record.settle_samples + sum(samples) == record.samples_done == 4000
+
+
+def test_settle_without_a_drain_signal_takes_the_read_ahead():
+    schedule = make_schedule(BurstSpec(train_samples=4000, warmup_samples=400, windows=3), 100, read_ahead=6)
+    record = _drive(schedule, drained=lambda: None)
+    assert record.settle_samples == 600 and record.settle_drained is None and record.unsettled is None
+    assert "settle_drained" not in record.measurement()
+
+
+def test_a_pipeline_never_drained_stops_at_twice_its_read_ahead():
+    schedule = make_schedule(BurstSpec(train_samples=4000, warmup_samples=400, windows=3), 100, read_ahead=6)
+    record = _drive(schedule, drained=lambda: False, clock=FakeClock())
+    # (it nearly keeps up with the training: what is left barely inflates the windows)
+    assert record.settle_samples == 1200 and record.settle_drained is False and record.unsettled is None
+    # a burst with no room for twice the read-ahead says so, with the train_samples that has room
+    schedule = make_schedule(BurstSpec(train_samples=2000, warmup_samples=400, windows=3), 100, read_ahead=6)
+    record = _drive(schedule, drained=lambda: False, clock=FakeClock())
+    unsettled = record.measurement()["unsettled"]
+    assert unsettled["read_ahead_batches"] == 6 and unsettled["settled_batches"] == schedule.settle_max < 12
+    assert unsettled["suggested_train_samples"] > 2000
+
+
+def test_a_read_ahead_larger_than_the_burst_leaves_two_steps_per_window_and_is_reported():
+    schedule = make_schedule(BurstSpec(train_samples=2000, warmup_samples=400, windows=3), 100, read_ahead=50)
+    assert schedule.settle_max == 20 - 4 - 3 * 2  # each window keeps two steps
+    record = _drive(schedule, drained=lambda: None, clock=FakeClock())
+    assert [s for s, _ in record.windows] == [200, 200, 200]
+    assert record.measurement()["unsettled"]["suggested_train_samples"] > 2000
+
+
+@pytest.mark.parametrize("accum, execution", [(2, 1), (1, 4), (2, 3)])
+def test_settle_ends_on_optimizer_steps_and_executions(accum: int, execution: int):
+    schedule = make_schedule(BurstSpec(train_samples=9600, warmup_samples=800, windows=3), 100, accum, execution,
+                             read_ahead=5)
+    answers = iter([False, True, True, True])
+    record = _drive(schedule, drained=lambda: next(answers, True), clock=FakeClock())
+    settled = record.settle_samples // 100
+    assert settled > 0 and settled % math.lcm(accum, execution) == 0
+    assert [s % (100 * execution) for s, _ in record.windows] == [0, 0, 0]
+
+
+def test_no_warm_up_settles_from_the_first_step():
+    schedule = make_schedule(BurstSpec(train_samples=2000, warmup_samples=0, windows=2), 100, read_ahead=2)
+    record = _drive(schedule, drained=lambda: None, clock=FakeClock())
+    assert record.warmup_samples == 0 and record.settle_samples == 200 and len(record.windows) == 2

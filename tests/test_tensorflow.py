@@ -95,7 +95,7 @@ def test_prefetched_batches_piled_up_during_warm_up_are_not_measured():
         rates[warmup_cost] = d["samples_per_second"]
         assert d["settle_samples"] >= 32 * 16 and d["trained_samples"] == spec["train_samples"]
         assert "settle_drained" not in d  # tf.data cannot say how full its buffers are
-    assert 0.7 < rates[3.0] / rates[0.0] < 1.4, rates
+    assert 0.6 < rates[3.0] / rates[0.0] < 1.6, rates
 
 
 def test_shuffle_buffer_is_bounded_and_records_come_from_the_request():

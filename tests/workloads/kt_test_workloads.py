@@ -253,3 +253,21 @@ def loud(gain: float = 1e4) -> Workload:
     base = tiny()
     base.build_model = lambda: _Loud(gain)
     return base
+
+
+class _EvalLimit(nn.Module):
+    def __init__(self, limit: int) -> None:
+        super().__init__()
+        self.net, self.limit = mlp(), limit
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        if not self.training and x.shape[0] > self.limit:
+            raise ValueError(f"evaluation batch of {x.shape[0]} is over {self.limit}")
+        return self.net(x)
+
+
+def eval_limit(limit: int = 16) -> Workload:
+    """A model that refuses evaluation batches larger than ``limit``."""
+    base = tiny()
+    base.build_model = lambda: _EvalLimit(limit)
+    return base

@@ -63,6 +63,7 @@ class Schedule:
     read_ahead: int = 0
     settle_max: int = 0
     min_window_seconds: float = 0.0
+    wanted_settle: int = 0  # the read-ahead in whole alignment units, before the burst's room capped it
 
     @property
     def boundaries(self) -> tuple[int, ...]:
@@ -120,9 +121,10 @@ def make_schedule(spec: BurstSpec, batch_size: int, accumulation_steps: int = 1,
     # the settle may take all but two alignment units per window: windows that are short but
     # measured in the steady state beat long ones that are not (short ones are reported)
     room = max(0, total - warm - spec.windows * max(2 * step_align, e)) // step_align * step_align
+    wanted = _align_up(read_ahead, step_align) if read_ahead > 0 else 0
     settle_max = min(room, _align_up(2 * read_ahead, step_align)) if read_ahead > 0 else 0
-    settle = min(settle_max, _align_up(read_ahead, step_align)) if read_ahead > 0 else 0
-    return Schedule(batch_size, k, total, warm, ends, e, settle, settle_max, spec.min_window_seconds)
+    settle = min(settle_max, wanted)
+    return Schedule(batch_size, k, total, warm, ends, e, settle, settle_max, spec.min_window_seconds, wanted)
 
 
 def _align_up(value: int, align: int) -> int:
@@ -148,6 +150,8 @@ class BurstRecord:
     settle_samples: int = 0
     settle_drained: bool | None = None  # the pipeline said its read-ahead was gone (None: it cannot say)
     min_window_seconds: float = 0.0
+    # when the read-ahead could not be trained through before the windows: what was wanted and done
+    unsettled: dict[str, Any] | None = None
     windows: list[tuple[int, float]] = field(default_factory=list)  # (samples, seconds)
     steps_done: int = 0
     samples_done: int = 0
@@ -191,6 +195,10 @@ class BurstRecord:
         }
         if self.settle_drained is not None:
             out["settle_drained"] = self.settle_drained
+        if self.unsettled is not None:
+            missing = 2 * self.unsettled["read_ahead_batches"] - self.unsettled["settled_batches"]
+            needed = self.samples_done + missing * self.unsettled["batch_size"] * 2  # the windows keep their share
+            out["unsettled"] = {**self.unsettled, "suggested_train_samples": int(math.ceil(needed / 1000) * 1000)}
         if rates:
             out["samples_per_second"] = statistics.median(rates)
             mean = statistics.fmean(rates)
@@ -272,7 +280,13 @@ class WindowTimer:
         if self.schedule.settle_max > 0:
             self._phase = "settle"
         else:
+            if self.schedule.wanted_settle > 0:  # read-ahead, but no room to train through it
+                self._unsettled(0, None)
             self._start_windows(steps_done)
+
+    def _unsettled(self, settled: int, drained: bool | None) -> None:
+        self.record.unsettled = {"read_ahead_batches": self.schedule.wanted_settle, "settled_batches": settled,
+                                 "drained": drained, "batch_size": self.schedule.batch_size}
 
     def _start_windows(self, steps_done: int) -> None:
         self._phase = "windows"
@@ -317,6 +331,12 @@ class WindowTimer:
             self.record.settle_seconds = seconds
             self.record.settle_samples = self._segment_samples
             self.record.settle_drained = self._drained
+            settled = steps_done - self.schedule.warmup_steps
+            # Not drained after twice the read-ahead at full speed: the pipeline nearly keeps up, and
+            # what is left barely inflates the windows. Only a settle the burst's room cut short is reported.
+            limit = 2 * self.schedule.wanted_settle if self._drained is False else self.schedule.wanted_settle
+            if self._drained is not True and settled < limit:
+                self._unsettled(settled, self._drained)
             self._start_windows(steps_done)
         else:
             self.record.windows.append((self._segment_samples, seconds))

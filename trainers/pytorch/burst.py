@@ -1,6 +1,7 @@
 """One PyTorch trial: apply every knob for real, run the measured burst, evaluate, guard."""
 from __future__ import annotations
 
+import inspect
 import random
 import resource
 import time
@@ -48,7 +49,7 @@ def _check(knobs: dict[str, Any], device: torch.device) -> None:
         raise InvalidKnobs(f"amp={amp!r}: expected 'off', 'bf16' or 'fp16'")
     if amp == "fp16" and device.type != "cuda":
         raise InvalidKnobs("amp='fp16' (with GradScaler) needs CUDA; this child has no CUDA device")
-    if amp == "bf16" and device.type == "cuda" and not torch.cuda.is_bf16_supported():
+    if amp == "bf16" and device.type == "cuda" and not torch.cuda.is_bf16_supported(including_emulation=False):
         raise InvalidKnobs("amp='bf16' is not supported by this GPU")
     mode = knobs["compile"]
     if mode not in COMPILE_MODES:
@@ -157,9 +158,12 @@ def _fused(optimizer: torch.optim.Optimizer) -> torch.optim.Optimizer | None:
     params = [p for group in optimizer.param_groups for p in group["params"]]
     if not params or not all(p.is_cuda and p.is_floating_point() for p in params):
         return None
+    accepted = inspect.signature(type(optimizer).__init__).parameters
+    # defaults can hold keys the constructor does not take (AdamW's decoupled_weight_decay)
+    options = {k: v for k, v in optimizer.defaults.items() if k in accepted}
     groups = [{**group, "fused": True, "foreach": None} for group in optimizer.param_groups]
     try:
-        return type(optimizer)(groups, **{**optimizer.defaults, "fused": True, "foreach": None})
+        return type(optimizer)(groups, **{**options, "fused": True, "foreach": None})
     except (RuntimeError, ValueError, TypeError):
         return None
 
@@ -414,6 +418,8 @@ def _measure(t: Trainer, request: dict[str, Any]) -> dict[str, Any]:
             "cudnn_benchmark": torch.backends.cudnn.benchmark,
             "cudnn_deterministic": torch.backends.cudnn.deterministic,
             "matmul_precision": torch.get_float32_matmul_precision(),
+            # PyTorch's own default: cuDNN convolutions in TF32 (matmuls follow matmul_precision)
+            "cudnn_allow_tf32": bool(torch.backends.cudnn.allow_tf32) if device.type == "cuda" else None,
             "accumulation_steps": k,
             "torch_threads": torch.get_num_threads(),
             "learning_rate": t.optimizer.param_groups[0]["lr"],

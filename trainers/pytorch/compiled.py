@@ -32,6 +32,16 @@ class ReplayCounter:
         self._original = (manager, original)
 
 
+def _recompiles(frames: dict[str, int], resumes: dict[str, int]) -> int:
+    """Compilations of a frame after its first: new shapes, failing guards."""
+    try:
+        from torch._dynamo.convert_frame import FRAME_COMPILE_COUNTER  # dynamo's own per-frame count
+
+        return int(sum(max(0, n - 1) for n in FRAME_COMPILE_COUNTER.values()))
+    except ImportError:  # every distinct frame (the forward, a resume per break) compiles once
+        return max(0, int(frames.get("total", 0)) - (1 + len(resumes))) if frames.get("ok") else 0
+
+
 def report(requested: str, replays: ReplayCounter | None = None) -> dict[str, Any]:
     """The compile read-back for a trial that asked for ``requested`` (a torch.compile mode)."""
     from torch._dynamo.utils import counters
@@ -41,9 +51,7 @@ def report(requested: str, replays: ReplayCounter | None = None) -> dict[str, An
     resumes = dict(counters["resumes"])
     graphs = int(counters["stats"].get("unique_graphs", 0))
     compiled_frames = int(frames.get("ok", 0))
-    # every distinct frame is compiled once (the forward, and one resume function per break);
-    # compilations beyond that are recompilations (new shapes, guards failing)
-    recompiles = max(0, int(frames.get("total", 0)) - (1 + len(resumes))) if compiled_frames else 0
+    recompiles = _recompiles(frames, resumes)
     out: dict[str, Any] = {
         "requested": requested,
         "graphs": graphs,

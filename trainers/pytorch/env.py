@@ -39,7 +39,7 @@ def hardware(cuda: bool | None = None) -> dict[str, Any]:
     """What spaces.pytorch decides on: device, bf16/fp16 support, usable cores."""
     cuda = torch.cuda.is_available() if cuda is None else cuda
     if cuda:
-        bf16 = bool(torch.cuda.is_bf16_supported())
+        bf16 = bool(torch.cuda.is_bf16_supported(including_emulation=False))  # emulated bf16 is slow
         # TF32 tensor cores: Ampere (compute capability 8.0) and newer
         tf32 = torch.cuda.get_device_capability(0)[0] >= 8
     else:
