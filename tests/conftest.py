@@ -76,10 +76,13 @@ def study_file(directory: Path, body: str, name: str = "study.toml") -> Path:
 # `knobtune run` flags for tests that are not about confirmation or diagnosis (they cost a minute each)
 FAST = ("--no-confirm", "--no-diagnose")
 
+# (one baseline run: the guard's several runs have their own test, and each costs a burst)
 TINY_BURST = """
 [burst]
 train_samples = 640
 warmup_samples = 64
 windows = 3
 timeout_s = 120
+[guard]
+baseline_runs = 1
 """
