@@ -41,7 +41,7 @@ def inspect(command: str) -> dict[str, Any]:
 # 2 ms per sample, batches of 16, 2 workers: the pipeline gives about 1,000 samples/s. Each worker
 # prefetches 24 batches, so 48 batches (768 samples) pile up during a slow warm-up: more than the
 # windows that follow hold. Without the settle segment they would be trained at compute speed
-# (measured: 2,195 samples/s against 759 before this protocol had it).
+# (measured with a settle capped too early: 2,195 samples/s against 759).
 SLOW = {"train_samples": 64 + 100 * 16, "warmup_samples": 64, "windows": 3, "seed": 0}
 
 
