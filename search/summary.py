@@ -82,7 +82,13 @@ def _confirmed_line(confirmed: dict[str, Any]) -> str:
     changed = "" if confirmed.get("searched_winner") in (None, confirmed["winner"]) else \
         f"; the search's own best was #{confirmed['searched_winner']}"
     speedup = f"{confirmed['speedup']:.2f}x" if confirmed.get("speedup") else "(no paired rounds)"
-    return f"  confirmed: trial #{confirmed['winner']} is {speedup} the baseline{spread(confirmed)}{changed}"
+    line = f"  confirmed: trial #{confirmed['winner']} is {speedup} the baseline{spread(confirmed)}{changed}"
+    accuracy = (confirmed.get("mean_accuracies") or {}).get(str(confirmed["winner"]))
+    if accuracy is not None and confirmed.get("accuracy_floor") is not None:
+        line += (f"\n  final guard: its mean val_accuracy over the rounds' seeds {accuracy:.3f} >= "
+                 f"{confirmed['accuracy_floor']:.3f} (the mean of {len(confirmed.get('baseline_accuracies', []))} "
+                 f"baseline runs minus max_accuracy_drop)")
+    return line
 
 
 def study_summary(study: optuna.Study, url: str) -> str:

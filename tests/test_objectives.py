@@ -141,6 +141,7 @@ def test_confirmation_interleaves_and_export_follows_the_confirmed_winner(tmp_pa
     assert confirmed["accuracy_floor"] == pytest.approx(statistics.fmean(base_accs) - 0.02, abs=1e-6)
     assert [r["seed_offset"] for r in confirmed["runs"]["0"]] == [1, 2, 3]  # fresh seeds, one per round
     assert confirmed["mean_accuracies"][str(winner)] >= confirmed["accuracy_floor"] or winner == 0
+    assert ("final guard: its mean val_accuracy" in proc.stdout) == (winner != 0)
 
 
 def test_the_guard_floor_comes_from_several_baseline_runs(tmp_path: Path):
