@@ -21,9 +21,11 @@ HERE = Path(__file__).resolve().parent
 sys.path.insert(0, str(HERE.parent))
 sys.path.insert(0, str(HERE))
 
-KNOBS = {"batch_size": 64, "accumulation_steps": 1, "num_workers": 0, "prefetch_factor": 2,
-         "persistent_workers": False, "intra_op_threads": 1, "pin_memory": False, "amp": "off",
-         "compile": "off", "channels_last": False, "cudnn_benchmark": False, "cudnn_deterministic": False}
+from spaces import for_framework  # noqa: E402
+
+# every knob at its CPU default, batch 64, one intra-op thread
+KNOBS = {**for_framework("pytorch").defaults({"hardware": {"cuda": False, "usable_cores": 2},
+                                              "workload": {"batch_size": 64}}), "intra_op_threads": 1}
 
 
 def main() -> int:

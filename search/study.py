@@ -144,6 +144,9 @@ def unsettled_note(number: int, unsettled: dict[str, Any]) -> str:
             f"{unsettled['suggested_train_samples']} would leave room (for a new study: --name)")
 
 
+BURST_NOTES = {"short_windows": short_windows_note, "unsettled": unsettled_note}
+
+
 def resolution_warning(definition: Definition, eval_samples: int | None) -> str | None:
     """A warning when the guard is finer than a few images of the held-out split can resolve."""
     drop = definition.guard.max_accuracy_drop
@@ -231,7 +234,7 @@ def run(definition: Definition, storage_url: str | None = None, trials: int | No
     started = time.monotonic()
     trial = None
     rng = random.Random(study_cfg.seed)
-    warned_short = warned_unsettled = False
+    noted: set[str] = set()
     try:
         while len(results.finished(study)) < target:
             if timeout is not None and time.monotonic() - started > timeout:
@@ -280,14 +283,10 @@ def run(definition: Definition, storage_url: str | None = None, trials: int | No
             base = results.baseline(study)
             base_knobs = results.knob_values(base) if base else None
             progress.finished(trial_line(finished_trial.number, finished_trial.user_attrs, progress.best, base_knobs))
-            short = finished_trial.user_attrs.get("short_windows")
-            if short and not warned_short:
-                warned_short = True
-                err.write(short_windows_note(finished_trial.number, short) + "\n")
-            unsettled = finished_trial.user_attrs.get("unsettled")
-            if unsettled and not warned_unsettled:
-                warned_unsettled = True
-                err.write(unsettled_note(finished_trial.number, unsettled) + "\n")
+            for attr, note in BURST_NOTES.items():  # once per run: the burst is too short for this
+                if finished_trial.user_attrs.get(attr) and attr not in noted:
+                    noted.add(attr)
+                    err.write(note(finished_trial.number, finished_trial.user_attrs[attr]) + "\n")
             if is_baseline and report.outcome == "ok":
                 _enqueue_advice(study, plan)
             if is_baseline and report.outcome != "ok":

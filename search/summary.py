@@ -91,6 +91,13 @@ def _confirmed_line(confirmed: dict[str, Any]) -> str:
     return line
 
 
+# trial attributes that say the burst was too short for the trial, each with its train_samples fix
+BURST_ADVICE = (
+    ("short_windows", "short windows", "had windows under [burst] min_window_seconds"),
+    ("unsettled", "read-ahead", "could not train through their input pipeline's read-ahead before the windows"),
+)
+
+
 def study_summary(study: optuna.Study, url: str) -> str:
     """The end-of-run table: baseline vs best (confirmed), what changed, outcomes, pruning,
     the bottleneck, and what to do next."""
@@ -137,16 +144,12 @@ def study_summary(study: optuna.Study, url: str) -> str:
     if pruned:
         saved = sum(t.user_attrs.get("time_saved_seconds", 0) for t in pruned)
         lines.append(f"  pruning: {len(pruned)} trial(s) stopped early, saving about {saved:.0f} s")
-    short = [t for t in results.finished(study) if t.user_attrs.get("short_windows")]
-    if short:
-        suggested = max(t.user_attrs["short_windows"]["suggested_train_samples"] for t in short)
-        lines.append(f"  short windows: {len(short)} trial(s) had windows under [burst] min_window_seconds; "
-                     f"train_samples = {suggested} would lengthen them (a new study: --name)")
-    unsettled = [t for t in results.finished(study) if t.user_attrs.get("unsettled")]
-    if unsettled:
-        suggested = max(t.user_attrs["unsettled"]["suggested_train_samples"] for t in unsettled)
-        lines.append(f"  read-ahead: {len(unsettled)} trial(s) could not train through their input pipeline's "
-                     f"read-ahead before the windows; train_samples = {suggested} would leave room (a new study: --name)")
+    for attr, label, what in BURST_ADVICE:
+        flagged = [t for t in results.finished(study) if t.user_attrs.get(attr)]
+        if flagged:
+            suggested = max(t.user_attrs[attr]["suggested_train_samples"] for t in flagged)
+            lines.append(f"  {label}: {len(flagged)} trial(s) {what}; train_samples = {suggested} would fix it "
+                         f"(a new study: --name)")
     noisy = [t for t in results.finished(study) if t.user_attrs.get("noisy")]
     if noisy:
         lines.append(f"  noise: {len(noisy)} trial(s) had window rates varying more than "

@@ -9,6 +9,7 @@ from typing import Any
 import torch
 from torch.utils._python_dispatch import TorchDispatchMode
 
+from spaces import for_framework
 from trainers.pytorch.burst import Trainer, build_loader
 from trainers.pytorch.workload import load
 
@@ -16,10 +17,9 @@ BURST = {"train_samples": 2048, "warmup_samples": 64, "windows": 3, "seed": 0}
 
 
 def knobs(**overrides: Any) -> dict[str, Any]:
-    base = {"batch_size": 32, "accumulation_steps": 1, "num_workers": 0, "prefetch_factor": 2,
-            "persistent_workers": False, "intra_op_threads": 0, "pin_memory": False, "amp": "off",
-            "compile": "off", "channels_last": False, "cudnn_benchmark": False, "cudnn_deterministic": False}
-    return {**base, **overrides}
+    """Every PyTorch knob at its CPU default (batch 32), then ``overrides``."""
+    ctx = {"hardware": {"cuda": False, "bf16": True, "usable_cores": 2}, "workload": {"batch_size": 32}}
+    return {**for_framework("pytorch").defaults(ctx), **overrides}
 
 
 def augment() -> dict[str, Any]:

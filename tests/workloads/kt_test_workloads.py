@@ -17,11 +17,11 @@ from trainers.pytorch.data import PngDigits
 from trainers.pytorch.models import mlp
 
 
-def tiny(train: int = 320, val: int = 160, batch_size: int = 32) -> Workload:
-    """The digits MLP on a slice of the real PNG files."""
+def tiny(train: int = 320, val: int = 160, batch_size: int = 32, build_model=mlp) -> Workload:
+    """The digits MLP (or ``build_model``'s model) on a slice of the real PNG files."""
     files = digits.prepare()
     return Workload(
-        build_model=mlp,
+        build_model=build_model,
         train_dataset=PngDigits(files.train[:train], augment=True),
         eval_dataset=PngDigits(files.val[:val], augment=False),
         batch_size=batch_size,
@@ -48,9 +48,7 @@ class _Diverging(nn.Module):
 
 def diverge(bad_batch: int | None = None, after: int | None = None) -> Workload:
     """Loss turns non-finite for one batch size, or after ``after`` steps."""
-    base = tiny()
-    base.build_model = lambda: _Diverging(bad_batch, after)
-    return base
+    return tiny(build_model=lambda: _Diverging(bad_batch, after))
 
 
 class _Aborting(nn.Module):
@@ -66,9 +64,7 @@ class _Aborting(nn.Module):
 
 def abort(batch: int | None = None) -> Workload:
     """The process aborts (SIGABRT) in forward, for every batch or for one batch size."""
-    base = tiny()
-    base.build_model = lambda: _Aborting(batch)
-    return base
+    return tiny(build_model=lambda: _Aborting(batch))
 
 
 class _Sleepy(Dataset):
@@ -120,9 +116,7 @@ class _Paced(nn.Module):
 
 def paced(slow: list[int] | None = None, step_cost: float = 0.0, warm: list[int] | None = None,
           warmup_cost: float = 0.0, train: int = 320) -> Workload:
-    base = tiny(train=train)
-    base.build_model = lambda: _Paced(tuple(slow or ()), step_cost, tuple(warm or ()), warmup_cost)
-    return base
+    return tiny(train=train, build_model=lambda: _Paced(tuple(slow or ()), step_cost, tuple(warm or ()), warmup_cost))
 
 
 def heavy() -> Workload:
@@ -159,9 +153,8 @@ def slow_input(per_sample: float = 0.002, warmup_cost: float = 0.0, batch_size: 
                train: int = 1437) -> Workload:
     """Input-bound: every training sample takes ``per_sample`` seconds to load (a sleep, so the
     rate is set by the workers, not by this machine's load); an optional slow first step."""
-    base = tiny(train=train, batch_size=batch_size)
+    base = tiny(train=train, batch_size=batch_size, build_model=lambda: _Warm(warmup_cost))
     base.train_dataset = _Sleepy(base.train_dataset, per_sample)
-    base.build_model = lambda: _Warm(warmup_cost)
     return base
 
 
@@ -185,9 +178,7 @@ class _OomIn(nn.Module):
 
 def oom_in(where: str = "eval") -> Workload:
     """Runs out of memory while evaluating (``eval``) or while the model moves to the device (``build``)."""
-    base = tiny()
-    base.build_model = lambda: _OomIn(where)
-    return base
+    return tiny(build_model=lambda: _OomIn(where))
 
 
 class _KilledWorker(Dataset):
@@ -234,9 +225,7 @@ class _GraphBreak(nn.Module):
 
 
 def graph_break() -> Workload:
-    base = tiny()
-    base.build_model = _GraphBreak
-    return base
+    return tiny(build_model=_GraphBreak)
 
 
 class _Loud(nn.Module):
@@ -250,9 +239,7 @@ class _Loud(nn.Module):
 
 def loud(gain: float = 1e4) -> Workload:
     """The MLP with its logits multiplied by ``gain``: under fp16 loss scaling the backward overflows."""
-    base = tiny()
-    base.build_model = lambda: _Loud(gain)
-    return base
+    return tiny(build_model=lambda: _Loud(gain))
 
 
 class _EvalLimit(nn.Module):
@@ -268,6 +255,4 @@ class _EvalLimit(nn.Module):
 
 def eval_limit(limit: int = 16) -> Workload:
     """A model that refuses evaluation batches larger than ``limit``."""
-    base = tiny()
-    base.build_model = lambda: _EvalLimit(limit)
-    return base
+    return tiny(build_model=lambda: _EvalLimit(limit))

@@ -35,11 +35,9 @@ class BurstSpec:
 
     @classmethod
     def from_dict(cls, data: dict[str, object]) -> "BurstSpec":
-        out: dict[str, object] = {}
-        for key, value in data.items():
-            if key in cls.__dataclass_fields__ and value is not None:
-                out[key] = float(value) if key == "min_window_seconds" else int(value)  # type: ignore[arg-type]
-        return cls(**out)  # type: ignore[arg-type]
+        fields = cls.__dataclass_fields__
+        return cls(**{k: type(fields[k].default)(v) for k, v in data.items()  # type: ignore[arg-type]
+                      if k in fields and v is not None})
 
 
 @dataclass(frozen=True)
@@ -60,7 +58,6 @@ class Schedule:
     warmup_steps: int
     window_ends: tuple[int, ...]
     execution_steps: int = 1
-    read_ahead: int = 0
     settle_max: int = 0
     min_window_seconds: float = 0.0
     wanted_settle: int = 0  # the read-ahead in whole alignment units, before the burst's room capped it
@@ -68,6 +65,11 @@ class Schedule:
     @property
     def boundaries(self) -> tuple[int, ...]:
         return (self.warmup_steps, *self.window_ends)
+
+    @property
+    def read_ahead(self) -> int:
+        """The settle length when the pipeline cannot say whether it is drained."""
+        return min(self.settle_max, self.wanted_settle)
 
     @property
     def align(self) -> int:
@@ -123,8 +125,7 @@ def make_schedule(spec: BurstSpec, batch_size: int, accumulation_steps: int = 1,
     room = max(0, total - warm - spec.windows * max(2 * step_align, e)) // step_align * step_align
     wanted = _align_up(read_ahead, step_align) if read_ahead > 0 else 0
     settle_max = min(room, _align_up(2 * read_ahead, step_align)) if read_ahead > 0 else 0
-    settle = min(settle_max, wanted)
-    return Schedule(batch_size, k, total, warm, ends, e, settle, settle_max, spec.min_window_seconds, wanted)
+    return Schedule(batch_size, k, total, warm, ends, e, settle_max, spec.min_window_seconds, wanted)
 
 
 def _align_up(value: int, align: int) -> int:
@@ -300,10 +301,9 @@ class WindowTimer:
         done = steps_done - s.warmup_steps
         if done <= 0 or done % s.align:
             return False
-        if done >= s.settle_max:
-            self._drained = self.drained() if self.drained else None
-            return True
         self._drained = self.drained() if self.drained else None
+        if done >= s.settle_max:
+            return True
         return done >= s.read_ahead if self._drained is None else self._drained
 
     def due(self, steps_done: int) -> bool:

@@ -232,7 +232,6 @@ class Trainer:
         self.steps_seen = 0  # micro-batches trained so far
         self.found_inf: list[torch.Tensor] = []  # fp16: GradScaler's per-step found_inf flags
         self.skipped = torch.zeros((), dtype=torch.float32, device=device)
-        self.checkpoints = 0
         self.iterator: Any = None  # made on first use, so worker start-up is timed as warm-up
 
     def next_batch(self) -> tuple[Any, Any]:
@@ -259,8 +258,8 @@ class Trainer:
         return None if ready is None else ready <= 1
 
     def train_on(self, inputs: Any, targets: Any, i: int) -> int:
-        """Micro-batch ``i``: forward, backward, and the optimizer step when due. No sync, and no
-        device op beyond the training step's own."""
+        """Micro-batch ``i``: forward, backward, and the optimizer step when due. No sync; the
+        guard's one op is the loss copied into its buffer."""
         k = self.schedule.accumulation_steps
         if self.mark_step:
             torch.compiler.cudagraph_mark_step_begin()
@@ -289,7 +288,7 @@ class Trainer:
             torch.cuda.synchronize(self.device)
 
     def checkpoint(self) -> GuardReading:
-        """The segment boundary: synchronise, then read the segment's losses (one stack and sum)."""
+        """The segment boundary: synchronise, then read the segment's losses (one sum)."""
         if self.sync_debug:
             torch.cuda.set_sync_debug_mode("default")
         self.sync()
@@ -306,7 +305,6 @@ class Trainer:
             if not finite:
                 first_bad = start + int((~torch.isfinite(segment)).nonzero()[0, 0].item())
         self.steps_read = end
-        self.checkpoints += 1
         if self.sync_debug:  # every segment after warm-up must run without a host-device sync
             torch.cuda.set_sync_debug_mode("error")
         return GuardReading(finite=finite, first_bad_step=first_bad, mean_loss=mean)

@@ -15,7 +15,6 @@ class ReplayCounter:
 
     def __init__(self) -> None:
         self.replays = 0
-        self._original: Any = None
         try:
             from torch._inductor import cudagraph_trees
         except ImportError:  # pragma: no cover - inductor is part of torch >= 2.0
@@ -28,8 +27,7 @@ class ReplayCounter:
             counter.replays += 1
             return original(self, *args, **kwargs)
 
-        manager.execute_node = execute_node  # type: ignore[method-assign]
-        self._original = (manager, original)
+        manager.execute_node = execute_node  # type: ignore[method-assign]  (this child process only)
 
 
 def _recompiles(frames: dict[str, int], resumes: dict[str, int]) -> int:
