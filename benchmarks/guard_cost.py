@@ -34,21 +34,33 @@ def main() -> int:
     parser.add_argument("--steps", type=int, default=300, help="training steps per round (default 300)")
     args = parser.parse_args()
 
-    from trainers.pytorch.burst import Trainer
+    from trainers.pytorch.tuned import LossGuard, for_request
+    from trainers.pytorch.workload import load
 
     total = args.rounds * args.steps + 200
     burst = {"train_samples": total * KNOBS["batch_size"], "warmup_samples": 0, "windows": 1, "seed": 0}
-    trainers = {guard: Trainer({"workload": "bench_workloads:fast_step", "knobs": KNOBS, "burst": burst,
-                                "guard": guard}) for guard in (True, False)}
+    workload = load("bench_workloads:fast_step")
+    setups = {}
+    for guard in (True, False):  # the same calls the built-in loop makes, through the integration API
+        kt = for_request({"knobs": KNOBS, "burst": burst, "guard": guard})
+        loader = kt.dataloader(workload.train_dataset, shuffle=True, collate_fn=workload.collate_fn)
+        model = workload.build_model()
+        trained, optimizer = kt.prepare(model, workload.build_optimizer(model.parameters()))
+        kt.guard = LossGuard(total, kt.device)
+        setups[guard] = (kt, kt._endless(loader, total), trained, optimizer)
     steps = {True: 0, False: 0}
 
     def run(guard: bool, count: int) -> float:
-        t = trainers[guard]
+        kt, batches, trained, optimizer = setups[guard]
         start = time.perf_counter()
         for _ in range(count):
-            t.step(steps[guard])
+            inputs, targets = next(batches)
+            kt.step_index = steps[guard]
+            with kt.autocast():
+                loss = workload.loss_fn(trained(inputs), targets)
+            kt.backward(loss, optimizer)
             steps[guard] += 1
-        reading = t.checkpoint()
+        reading = kt._checkpoint()
         assert reading.finite
         return count * KNOBS["batch_size"] / (time.perf_counter() - start)
 

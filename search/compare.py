@@ -26,12 +26,28 @@ class Side:
     best: FrozenTrial
 
     @property
+    def confirmed(self) -> dict[str, Any] | None:
+        """The study's confirmation of this winner against its baseline (interleaved rounds), if any."""
+        found = results.confirmation(self.study)
+        if not found or found.get("winner") != self.best.number or found.get("minimize"):
+            return None
+        medians = found.get("medians") or {}
+        return found if str(self.best.number) in medians and str(found.get("baseline")) in medians else None
+
+    @property
+    def figures(self) -> str:
+        c = self.confirmed
+        return f"median of {c['repeats']} rounds" if c else "one trial"
+
+    @property
     def base_sps(self) -> float:
-        return self.baseline.user_attrs["samples_per_second"]
+        c = self.confirmed
+        return float(c["medians"][str(c["baseline"])]) if c else self.baseline.user_attrs["samples_per_second"]
 
     @property
     def best_sps(self) -> float:
-        return self.best.user_attrs["samples_per_second"]
+        c = self.confirmed
+        return float(c["medians"][str(self.best.number)]) if c else self.best.user_attrs["samples_per_second"]
 
     @property
     def speedup(self) -> float:
@@ -134,6 +150,7 @@ def table(a: Side, b: Side) -> str:
     rows = [
         ("framework", a.framework, b.framework),
         ("study", a.study.study_name, b.study.study_name),
+        ("samples/s figures", a.figures, b.figures),
         ("baseline samples/s", rate(a.base_sps), rate(b.base_sps)),
         ("baseline val_accuracy", f"{a.baseline.user_attrs['val_accuracy']:.3f}",
          f"{b.baseline.user_attrs['val_accuracy']:.3f}"),
@@ -169,6 +186,13 @@ def verdict(a: Side, b: Side) -> str:
     text += (f"Out of the box {base_fast.framework if not same else repr(base_fast.study.study_name)} led by "
              f"{base_fast.base_sps / base_slow.base_sps:.2f}x ({rate(base_fast.base_sps)} vs {rate(base_slow.base_sps)}); "
              f"tuning gave {a.framework} {a.speedup:.2f}x and {b.framework} {b.speedup:.2f}x. ")
+    if not (a.confirmed and b.confirmed):
+        unconfirmed = " and ".join(repr(s.study.study_name) for s in (a, b) if not s.confirmed)
+        text += (f"Caution: {unconfirmed} has no confirmation, so its figures are single trials measured minutes "
+                 f"apart on a machine whose speed varies; run it without --no-confirm for medians of interleaved "
+                 f"rounds before trusting a gap under about 20 %. ")
+    else:
+        text += "Figures: each study's confirmed medians (interleaved rounds). "
     text += f"What made the difference: {a.framework}: {_effects_text(a)}; {b.framework}: {_effects_text(b)}."
     pa, pb = precision(a.best), precision(b.best)
     text += f" Precision of the tuned runs: {a.framework} {pa}, {b.framework} {pb}"

@@ -1,6 +1,7 @@
 """Confirmation of winners: re-measure the top candidates and the baseline, interleaved
-(A B C base A B C base ...), so that drift of the machine hits all alike; the winner is the best
-median. A search over noisy measurements otherwise crowns whichever config got lucky once. Each
+(A B C base A B C base ...), so that drift of the machine hits all alike; a candidate wins only
+when it beats the baseline side by side, round after round (``choose_winner``), else the
+baseline is kept. A search over noisy measurements otherwise crowns whichever config got lucky once. Each
 round uses a seed no trial used, so the rounds' accuracies are new samples of each configuration's
 accuracy, and the final guard judges the candidates' mean accuracy against every baseline
 accuracy measured."""
@@ -54,7 +55,30 @@ def _paired(runs: list[dict[str, Any]], base_runs: list[dict[str, Any]], minimiz
     ratios = [b["value"] / r["value"] if minimize else r["value"] / b["value"]
               for r, b in zip(runs, base_runs) if r["value"] and b["value"]]
     return {"speedup": statistics.median(ratios) if ratios else None,
-            "speedup_range": [min(ratios), max(ratios)] if ratios else None}
+            "speedup_range": [min(ratios), max(ratios)] if ratios else None, "ratios": ratios}
+
+
+def choose_winner(runs: dict[str, list[dict[str, Any]]], base: int, challengers: list[int], minimize: bool,
+                  min_speedup: float) -> tuple[int, dict[str, dict[str, Any]]]:
+    """The confirmed winner, by the rounds' paired ratios over the baseline (each round measures
+    everyone at the same moment of the machine). A challenger beats the baseline only when its
+    median ratio is at least ``1 + min_speedup`` and it was faster in more than half of the
+    rounds; the one with the highest median ratio among those wins. Otherwise the baseline is
+    kept: a change must earn its place. Returns the winner and each challenger's figures."""
+    paired: dict[str, dict[str, Any]] = {}
+    beaters = []
+    for number in challengers:
+        mine, theirs = runs[str(number)], runs[str(base)]
+        figures = _paired(mine, theirs, minimize)
+        ratios = figures.pop("ratios")
+        faster = sum(r > 1 for r in ratios)
+        beats = bool(ratios) and figures["speedup"] >= 1 + min_speedup and faster * 2 > len(ratios)
+        paired[str(number)] = {**figures, "faster_rounds": faster, "rounds": len(ratios), "beats_baseline": beats}
+        if beats:
+            beaters.append(number)
+    if not beaters:
+        return base, paired
+    return max(beaters, key=lambda n: paired[str(n)]["speedup"]), paired
 
 
 def confirm(study: optuna.Study, plan: Plan, err: TextIO) -> dict[str, Any] | None:
@@ -109,23 +133,25 @@ def confirm(study: optuna.Study, plan: Plan, err: TextIO) -> dict[str, Any] | No
         else:
             passed = number == str(base.number) or (accuracies[number] is not None and accuracies[number] >= floor)
         medians[number] = statistics.median(values) if values and passed else None
-    # the baseline contends too: when no candidate beats it side by side, keeping it is the answer
-    contenders = [t for t in lineup if medians[str(t.number)] is not None]
     record: dict[str, Any] = {"after_trials": len(results.finished(study)), "repeats": repeats, "noisy": noisy,
                               "order": order, "runs": runs, "medians": medians, "baseline": base.number,
                               "pick": pick, "minimize": minimize, "winner": None,
                               "mean_accuracies": accuracies, "accuracy_floor": floor,
-                              "baseline_accuracies": all_base}
-    best_of = min if minimize else max
-    if contenders:
-        winner = best_of(contenders, key=lambda t: medians[str(t.number)])
+                              "baseline_accuracies": all_base, "min_speedup": cfg.min_speedup}
+    if medians[str(base.number)] is not None:
+        challengers = [t for t in chosen if medians[str(t.number)] is not None]
+        winner, paired = choose_winner(runs, base.number, [t.number for t in challengers], minimize, cfg.min_speedup)
         searched = results.searched_best(study)
-        record.update(winner=winner.number, searched_winner=searched.number if searched else None,
-                      **_paired(runs[str(winner.number)], runs[str(base.number)], minimize))
-        challengers = [t for t in contenders if t is not base]
-        if winner is base and challengers:  # say how close the best candidate came
-            runner_up = best_of(challengers, key=lambda t: medians[str(t.number)])
-            record["runner_up"] = {"trial": runner_up.number,
-                                   **_paired(runs[str(runner_up.number)], runs[str(base.number)], minimize)}
+        record.update(winner=winner, searched_winner=searched.number if searched else None, paired=paired)
+        if winner != base.number:
+            record.update({k: paired[str(winner)][k] for k in ("speedup", "speedup_range")})
+        elif paired:  # say how close the best candidate came
+            closest = max(paired, key=lambda n: paired[n]["speedup"] or 0.0)
+            record["runner_up"] = {"trial": int(closest), **paired[closest]}
+    else:  # the baseline failed its rounds: nothing to pair with; the best median among the rest
+        contenders = [t for t in chosen if medians[str(t.number)] is not None]
+        if contenders:
+            best_of = min if minimize else max
+            record["winner"] = best_of(contenders, key=lambda t: medians[str(t.number)]).number
     study.set_user_attr("confirmed", record)
     return record

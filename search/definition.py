@@ -20,7 +20,9 @@ LR_SCALINGS = ("none", "linear", "sqrt")
 class StudySection:
     name: str
     framework: str
-    workload: str
+    workload: str = ""                       # a built-in or "package.module:factory" (or script instead)
+    script: str | None = None                # the user's own training script (absolute path)
+    args: tuple[str, ...] = ()               # the script's command-line arguments
     storage: str | None = None
     trials: int = 20
     seed: int | None = None
@@ -33,6 +35,13 @@ class StudySection:
     lr_scaling: str = "none"                 # rescale the learning rate with the effective batch
     prune_below: float = 0.5                 # prune a trial whose first windows run under this x best (0: off)
 
+    @property
+    def job(self) -> str:
+        """What the study trains, for messages: the workload, or the script and its arguments."""
+        if self.script:
+            return " ".join(["script", Path(self.script).name, *self.args])
+        return self.workload
+
 
 @dataclass(frozen=True)
 class ConfirmSection:
@@ -42,6 +51,7 @@ class ConfirmSection:
     repeats: int = 3
     noisy_repeats: int = 5
     noise_cv: float = 0.05  # a trial whose window rates vary more than this is "noisy"
+    min_speedup: float = 0.03  # a candidate replaces the baseline only when its paired median is this much faster
 
 
 @dataclass(frozen=True)
@@ -86,6 +96,8 @@ class Definition:
         return {
             "framework": study.framework,
             "workload": study.workload,
+            "script": study.script,
+            "args": list(study.args),
             "workload_options": data["workload"],
             "burst": burst,
             "guard": data["guard"],
@@ -112,6 +124,8 @@ _SECTIONS: dict[str, dict[str, tuple[tuple[type, ...], str]]] = {
         "name": ((str,), "a string"),
         "framework": ((str,), f"one of {', '.join(FRAMEWORKS)}"),
         "workload": ((str,), "a built-in workload name or 'package.module:factory'"),
+        "script": ((str,), "the path of your training script (relative to the study file)"),
+        "args": ((list,), "an array of the script's command-line arguments (strings)"),
         "storage": ((str,), "an SQLAlchemy URL"),
         "trials": ((int,), "an integer >= 1"),
         "seed": ((int,), "an integer"),
@@ -138,6 +152,7 @@ _SECTIONS: dict[str, dict[str, tuple[tuple[type, ...], str]]] = {
         "repeats": ((int,), "an integer >= 1"),
         "noisy_repeats": ((int,), "an integer >= 1"),
         "noise_cv": (_NUMBER, "a number > 0"),
+        "min_speedup": (_NUMBER, "a number >= 0 (0.03: a candidate must be 3 % faster side by side)"),
     },
 }
 _FREE_SECTIONS = ("baseline", "space", "workload")  # keys checked against the knobs / the factory
@@ -171,8 +186,9 @@ def _check_range(ok: bool, where: str, what: str, expected: str, value: Any) -> 
         raise UserError(f"{where}: {what} must be {expected}, got {value!r}")
 
 
-def parse(text: str, source: str = "<string>", default_name: str | None = None) -> Definition:
-    """Parse and validate a study file's text."""
+def parse(text: str, source: str = "<string>", default_name: str | None = None,
+          base_dir: Path | None = None) -> Definition:
+    """Parse and validate a study file's text (``base_dir``: where a relative script is)."""
     where = source
     try:
         raw = tomllib.loads(text)
@@ -183,9 +199,11 @@ def parse(text: str, source: str = "<string>", default_name: str | None = None) 
             raise UserError(f"{where}: unknown section [{section}]; allowed: {', '.join(_ALL_SECTIONS)}")
 
     study = _section(raw, "study", where)
-    for required in ("framework", "workload"):
-        if required not in study:
-            raise UserError(f"{where}: [study] needs {required!r} ({_SECTIONS['study'][required][1]})")
+    if "framework" not in study:
+        raise UserError(f"{where}: [study] needs 'framework' ({_SECTIONS['study']['framework'][1]})")
+    if ("workload" in study) == ("script" in study):
+        raise UserError(f"{where}: [study] needs exactly one of 'workload' ({_SECTIONS['study']['workload'][1]}) "
+                        f"or 'script' ({_SECTIONS['study']['script'][1]})")
     if "name" not in study:
         if not default_name:
             raise UserError(f"{where}: [study] needs 'name'")
@@ -193,8 +211,12 @@ def parse(text: str, source: str = "<string>", default_name: str | None = None) 
     framework = study["framework"]
     if framework not in FRAMEWORKS:
         raise UserError(f"{where}: unknown framework {framework!r}; expected one of {', '.join(FRAMEWORKS)}")
-    workload = study["workload"]
-    if workload not in BUILTIN_WORKLOADS[framework] and ":" not in workload:
+    if "script" in study:
+        study["script"], study["args"] = _script(study, where, base_dir)
+    elif "args" in study:
+        raise UserError(f"{where}: [study] args are a script's arguments; this study has no 'script'")
+    workload = study.get("workload")
+    if workload is not None and workload not in BUILTIN_WORKLOADS[framework] and ":" not in workload:
         raise UserError(
             f"{where}: unknown {framework} workload {workload!r}; built-ins: "
             f"{', '.join(BUILTIN_WORKLOADS[framework])}, or 'package.module:factory' for your own"
@@ -232,6 +254,7 @@ def parse(text: str, source: str = "<string>", default_name: str | None = None) 
     for key in ("repeats", "noisy_repeats"):
         _check_range(getattr(confirm, key) >= 1, where, f"[confirm] {key}", "an integer >= 1", getattr(confirm, key))
     _check_range(confirm.noise_cv > 0, where, "[confirm] noise_cv", "a number > 0", confirm.noise_cv)
+    _check_range(confirm.min_speedup >= 0, where, "[confirm] min_speedup", "a number >= 0", confirm.min_speedup)
     guard = GuardSection(**_section(raw, "guard", where))
     _check_range(0 <= guard.max_accuracy_drop <= 1, where, "[guard] max_accuracy_drop",
                  "a number between 0 and 1", guard.max_accuracy_drop)
@@ -280,6 +303,18 @@ def parse(text: str, source: str = "<string>", default_name: str | None = None) 
     )
 
 
+def _script(study: dict[str, Any], where: str, base_dir: Path | None) -> tuple[str, tuple[str, ...]]:
+    """[study] script as an absolute path (relative ones from the study file's folder), and args."""
+    given = Path(study["script"]).expanduser()
+    path = given if given.is_absolute() else (base_dir or Path.cwd()) / given
+    if not path.is_file():
+        raise UserError(f"{where}: [study] script {study['script']!r}: no such file ({path})")
+    args = study.get("args", [])
+    if not all(isinstance(a, (str, int, float)) and not isinstance(a, bool) for a in args):
+        raise UserError(f"{where}: [study] args must be an array of strings, got {args!r}")
+    return str(path.resolve()), tuple(str(a) for a in args)
+
+
 def load(path: str | Path) -> Definition:
     """Read and validate the study file at ``path``."""
     path = Path(path)
@@ -289,13 +324,15 @@ def load(path: str | Path) -> Definition:
         raise UserError(f"study file {path} does not exist") from None
     except (OSError, UnicodeDecodeError) as exc:
         raise UserError(f"cannot read study file {path}: {exc}") from None
-    return parse(text, source=str(path), default_name=path.stem)
+    return parse(text, source=str(path), default_name=path.stem, base_dir=path.resolve().parent)
 
 
 def from_dict(data: Mapping[str, Any]) -> Definition:
     """Rebuild a Definition from ``as_dict()`` (as stored in a study's attributes)."""
+    study = dict(data["study"])
+    study["args"] = tuple(study.get("args") or ())
     return Definition(
-        study=StudySection(**data["study"]),
+        study=StudySection(**study),
         confirm=ConfirmSection(**data.get("confirm", {})),
         effective_batch_size=data.get("effective_batch_size"),
         burst=BurstSection(**data["burst"]),

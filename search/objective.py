@@ -6,7 +6,7 @@ values."""
 from __future__ import annotations
 
 import statistics
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Any, Callable
 
 import optuna
@@ -22,6 +22,7 @@ ATTR_FIELDS = (
     "effective_batch_size", "peak_memory_mb", "burst_seconds", "window_rates", "nan_step",
     "amp_skipped_steps", "loader", "pipeline", "applied", "lr_scale", "evaluations", "target_reached",
     "time_to_accuracy", "settle_seconds", "settle_samples", "settle_drained", "short_windows", "unsettled",
+    "not_exercised", "trained_samples",
 )
 
 
@@ -52,6 +53,8 @@ class Plan:
         request = {
             "workload": d.study.workload,
             "workload_options": d.workload,
+            "script": d.study.script,
+            "args": list(d.study.args),
             "knobs": knobs,
             "burst": {
                 "train_samples": burst.train_samples,
@@ -84,11 +87,16 @@ class Report:
         return self.attrs.get("val_accuracy")
 
 
-def knob_attrs(resolved: dict[str, Resolved], effective: dict[str, Any]) -> dict[str, dict[str, Any]]:
-    """Each knob's effective value: what the child read back for applied knobs, else the default."""
+def knob_attrs(resolved: dict[str, Resolved], effective: dict[str, Any],
+               not_exercised: dict[str, str] | None = None) -> dict[str, dict[str, Any]]:
+    """Each knob's effective value: what the child read back for applied knobs, else the default;
+    a knob the user's script never exercised is not applied, with the reason."""
     out: dict[str, dict[str, Any]] = {}
     for name, entry in resolved.items():
         attr = entry.as_attr()
+        if entry.applied and name in (not_exercised or {}):
+            out[name] = {"value": entry.value, "applied": False, "why": not_exercised[name]}  # type: ignore[index]
+            continue
         if entry.applied and name in effective:
             attr["value"] = effective[name]
             if effective[name] != entry.value:
@@ -103,7 +111,7 @@ def report_from_child(child: ChildResult, resolved: dict[str, Resolved], is_base
     attrs: dict[str, Any] = {
         "outcome": outcome,
         "is_baseline": is_baseline,
-        "knobs": knob_attrs(resolved, data.get("knobs_effective", {})),
+        "knobs": knob_attrs(resolved, data.get("knobs_effective", {}), data.get("not_exercised")),
         "trial_seconds": round(child.wall_seconds, 3),
     }
     for key in ATTR_FIELDS:
@@ -139,6 +147,20 @@ def measure_baseline(plan: Plan, resolved: dict[str, Resolved], tick: Callable[[
     if rates:
         report.attrs["samples_per_second"] = statistics.median(rates)
     return report
+
+
+def without_unexercised(plan: Plan, not_exercised: dict[str, str] | None) -> Plan:
+    """``plan`` with the knobs the script never exercises no longer searched (their values
+    cannot make a difference); they keep their default and the reason."""
+    if not not_exercised:
+        return plan
+    offer = plan.offer
+    gone = {k: v for k, v in not_exercised.items() if k in offer.choices}
+    if not gone:
+        return plan
+    narrowed = replace(offer, choices={k: v for k, v in offer.choices.items() if k not in gone},
+                       unavailable={**offer.unavailable, **gone})
+    return replace(plan, offer=narrowed)
 
 
 def suggest(plan: Plan, trial: optuna.Trial) -> dict[str, Resolved]:

@@ -33,13 +33,26 @@ def require_framework(framework: str) -> None:
         )
 
 
-def probe(framework: str, workload: str | None = None, options: dict[str, Any] | None = None) -> dict[str, Any]:
-    """Fingerprint (and workload description when ``workload`` is given) from a child."""
+def probe(framework: str, workload: str | None = None, options: dict[str, Any] | None = None,
+          script: str | None = None, args: tuple[str, ...] = ()) -> dict[str, Any]:
+    """Fingerprint (and a description of the workload, or of the script run up to its first
+    batch, when one is given) from a child."""
     require_framework(framework)
-    request = {"workload": workload, "workload_options": options or {}, "workdir": os.getcwd()}
+    request = {"workload": workload, "workload_options": options or {}, "workdir": os.getcwd(),
+               "script": script, "args": list(args)}
     child = run_child(framework, "probe", request, PROBE_TIMEOUT_S)
     if child.outcome == "error":
         raise UserError(child.failure or "the workload could not be built")
+    if script and child.outcome == "crash":
+        raise UserError(f"the script {script} failed before its first batch: {child.failure}")
     if child.returncode != 0 or "fingerprint" not in child.data:
         raise RunError(f"the {framework} probe failed: {child.failure}")
     return child.data
+
+
+def probe_study(definition: Any, err: Any) -> dict[str, Any]:
+    """The probe for a study file's framework and workload (or script), announced on ``err``."""
+    cfg = definition.study
+    what = cfg.job if cfg.script else f"workload {cfg.workload!r}"
+    err.write(f"knobtune: probing {cfg.framework} and {what} ...\n")
+    return probe(cfg.framework, cfg.workload or None, definition.workload, cfg.script, cfg.args)

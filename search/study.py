@@ -16,8 +16,8 @@ from search.errors import RunError, UserError
 from search.confirm import confirm
 from search.diagnose import diagnose_study
 from search.objective import (Plan, baseline_accuracies, duplicate_of, measure, measure_baseline, prune_rule,
-                              suggest, tell)
-from search.probe import probe
+                              suggest, tell, without_unexercised)
+from search.probe import probe_study
 from search.progress import Progress
 from search.storage import is_sqlite, open_storage, redact, resolve_url
 from search.summary import study_summary, trial_line
@@ -207,8 +207,7 @@ def run(definition: Definition, storage_url: str | None = None, trials: int | No
         raise UserError(f"--trials must be >= 1, got {target}")
     url = resolve_url(storage_url, study_cfg.storage)
     storage = open_storage(url)
-    err.write(f"knobtune: probing {study_cfg.framework} and workload {study_cfg.workload!r} ...\n")
-    info = probe(study_cfg.framework, study_cfg.workload, definition.workload)
+    info = probe_study(definition, err)
     fingerprint = info["fingerprint"]
     plan = make_plan(definition, info)
     _notes(plan, err)
@@ -222,11 +221,14 @@ def run(definition: Definition, storage_url: str | None = None, trials: int | No
         if stale:
             err.write(f"note: marked {stale} trial(s) left running by an earlier run as failed\n")
     _enqueue_baseline(study, plan)
+    measured_base = results.baseline(study)
+    if measured_base is not None and measured_base.user_attrs.get("outcome") == "ok":  # resuming
+        plan = _narrow(plan, measured_base.user_attrs.get("not_exercised"), None)
     done = len(results.finished(study))
     wl = info["workload"]
     err.write(
         f"knobtune: study {name!r} on {redact(url)} ({'new' if created else f'resuming, {done} trials done'}); "
-        f"{wl['name']}: {wl['parameters']:,} parameters, {wl['train_samples']} training samples; "
+        f"{wl['name']}: {wl['parameters']:,} parameters, {wl['train_samples'] or 'an unknown number of'} training samples; "
         f"{fingerprint['hardware']['device']}, {fingerprint['hardware']['usable_cores']} usable cores\n"
     )
     progress = Progress(target, min(done, target), err)
@@ -288,6 +290,7 @@ def run(definition: Definition, storage_url: str | None = None, trials: int | No
                     noted.add(attr)
                     err.write(note(finished_trial.number, finished_trial.user_attrs[attr]) + "\n")
             if is_baseline and report.outcome == "ok":
+                plan = _narrow(plan, report.attrs.get("not_exercised"), err)
                 _enqueue_advice(study, plan)
             if is_baseline and report.outcome != "ok":
                 raise RunError(
@@ -315,6 +318,15 @@ def run(definition: Definition, storage_url: str | None = None, trials: int | No
             return 130
     out.write(study_summary(study, url) + "\n")
     return 0
+
+
+def _narrow(plan: Plan, not_exercised: dict[str, str] | None, err: TextIO | None) -> Plan:
+    """Stop searching the knobs the user's script never exercises (said once, on ``err``)."""
+    narrowed = without_unexercised(plan, not_exercised)
+    if err is not None and narrowed is not plan:
+        for name in sorted(set(plan.offer.choices) - set(narrowed.offer.choices)):
+            err.write(f"knobtune: {name} is not searched: {not_exercised[name]}\n")  # type: ignore[index]
+    return narrowed
 
 
 def _after_search(study: optuna.Study, plan: Plan, err: TextIO, confirm_winners: bool, diagnose: bool) -> None:

@@ -126,11 +126,13 @@ class Space:
         return None
 
     def defaults(self, ctx: Context, overrides: Mapping[str, Any] | None = None) -> dict[str, Any]:
-        """The framework defaults (the workload's own batch size), then ``overrides``."""
+        """The framework defaults (the workload's own batch size; a script's own loader
+        settings), then ``overrides``."""
         values = {k.name: k.default_for(ctx) for k in self.knobs}
-        batch = ctx.get("workload", {}).get("batch_size")
-        if batch:
-            values["batch_size"] = batch
+        workload = ctx.get("workload", {})
+        if workload.get("batch_size"):
+            values["batch_size"] = workload["batch_size"]
+        values.update({k: v for k, v in (workload.get("settings") or {}).items() if k in values})
         values.update(overrides or {})
         return values
 

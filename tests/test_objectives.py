@@ -104,6 +104,48 @@ def test_pruning_stops_a_slow_trial(tmp_path: Path):
     assert "pruning: 1 trial(s) stopped early" in proc.stdout
 
 
+def test_winner_rule_pairs_rounds_and_keeps_the_baseline_unless_beaten_consistently():
+    from search.confirm import choose_winner
+
+    def runs(*values: float) -> list[dict]:
+        return [{"value": v} for v in values]
+
+    base = runs(100, 100, 100)
+    # faster in the median, but only in one round of three: not consistent
+    lucky = runs(180, 95, 99)
+    # consistently 10 % faster, and consistently 5 % faster
+    steady, modest = runs(110, 111, 109), runs(105, 106, 104)
+    # within min_speedup of the baseline: a tie
+    tie = runs(101, 102, 101)
+    table = {"0": base, "1": lucky, "2": steady, "3": modest, "4": tie}
+    winner, paired = choose_winner(table, 0, [1, 3, 4], False, 0.03)
+    assert winner == 3 and not paired["1"]["beats_baseline"] and not paired["4"]["beats_baseline"]
+    assert choose_winner(table, 0, [1, 2, 3, 4], False, 0.03)[0] == 2
+    assert choose_winner(table, 0, [1, 4], False, 0.03)[0] == 0  # nobody beat it: the baseline is kept
+    # time-to-accuracy: fewer seconds is faster
+    assert choose_winner({"0": runs(10, 10, 10), "1": runs(8, 8, 9)}, 0, [1], True, 0.03)[0] == 1
+
+
+def test_a_tie_keeps_the_baseline(tmp_path: Path):
+    # every step sleeps 50 ms and one worker decodes ahead: its prefetch depth (the only knob
+    # searched) cannot make a step faster, so no configuration can beat the baseline
+    extra = "[confirm]\ntop_k = 1\nrepeats = 3\nnoisy_repeats = 3"
+    text = body("tie", "prune_below = 0", space="batch_size = [32]\nprefetch_factor = [2, 4]", extra=extra,
+                trials=2, workload="kt_test_workloads:paced")
+    text = text.replace("num_workers = [0]", "num_workers = [1]").replace("intra_op_threads = [0]",
+                                                                        "intra_op_threads = [1]")
+    text = text.replace("[baseline]\n", "[baseline]\nnum_workers = 1\nintra_op_threads = 1\n")
+    text = text.replace('amp = ["off", "bf16"]', 'amp = ["off"]') + "[workload]\nslow = [32]\nstep_cost = 0.05\n"
+    path = study_file(tmp_path, text)
+    proc = knobtune("run", str(path), "--no-diagnose", cwd=tmp_path, check=0)
+    confirmed = load(tmp_path, "tie").user_attrs["confirmed"]
+    assert confirmed["winner"] == confirmed["baseline"] == 0, confirmed["paired"]
+    assert "no configuration beat your current settings" in proc.stdout
+    export = knobtune("export", "tie", "-o", "best.json", cwd=tmp_path, check=0)
+    doc = json.loads((tmp_path / "best.json").read_text())
+    assert doc["trial"] == 0 and doc["confirmed"]["baseline_won"] is True
+
+
 def test_confirmation_interleaves_and_export_follows_the_confirmed_winner(tmp_path: Path):
     extra = "[confirm]\ntop_k = 2\nrepeats = 2\nnoisy_repeats = 3\nnoise_cv = 0.000001"
     # intra_op_threads fixed to a non-default value (baseline and the only choice): the sampler never
@@ -123,11 +165,17 @@ def test_confirmation_interleaves_and_export_follows_the_confirmed_winner(tmp_pa
         ran_with = {k: v["value"] for k, v in study.trials[int(number)].user_attrs["knobs"].items() if v["applied"]}
         assert ran_with["intra_op_threads"] == 1
         assert all(run["knobs"] == ran_with for run in runs), (number, ran_with, runs)
-    winner = confirmed["winner"]  # the best median, the baseline included
+    winner = confirmed["winner"]  # by the paired rounds: a candidate must beat the baseline consistently
     assert winner in lineup
-    assert confirmed["medians"][str(winner)] == max(confirmed["medians"][str(n)] for n in lineup
-                                                    if confirmed["medians"][str(n)] is not None)
-    assert ("confirmed: trial #" if winner else "no candidate beat the baseline") in proc.stdout
+    paired = confirmed["paired"]
+    beaters = [n for n, p in paired.items() if p["beats_baseline"]]
+    for p in paired.values():
+        assert p["beats_baseline"] == (p["speedup"] >= 1.03 and p["faster_rounds"] * 2 > p["rounds"])
+    if winner:
+        assert paired[str(winner)]["speedup"] == max(paired[n]["speedup"] for n in beaters)
+    else:
+        assert not beaters
+    assert ("confirmed: trial #" if winner else "no configuration beat your current settings") in proc.stdout
     assert "interleaved rounds" in proc.stdout
     export = knobtune("export", "confirm", "-o", "best.json", cwd=tmp_path, check=0)
     doc = json.loads((tmp_path / "best.json").read_text())

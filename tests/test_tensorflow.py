@@ -2,6 +2,8 @@
 from the pipeline and the compiled model, guard, bad data, and parity with PyTorch."""
 from __future__ import annotations
 
+import re
+
 from pathlib import Path
 from typing import Any
 
@@ -224,7 +226,10 @@ def test_compare_two_frameworks(tmp_path: Path):
     for row in ("baseline samples/s", "best samples/s", "best val_accuracy", "best warm-up s",
                 "speedup over own baseline", "pytorch best knobs", "tensorflow best knobs"):
         assert row in out
-    assert "On this machine (" in out and "trains digits-mlp faster" in out and "What made the difference" in out
+    # the verdict is wrapped text whose words depend on the machine: assert on its parts, whitespace-free
+    flat = re.sub(r"\s+", "", out)
+    assert "Onthismachine(" in flat and "trainsdigits-mlpfaster" in flat and "Whatmadethedifference" in flat
+    assert "Caution:" in flat and "hasnoconfirmation" in flat  # these studies ran with --no-confirm
 
     # another workload: refused, unless --force
     other = study_file(tmp_path, COMPARE.format(name="c-other", framework="tensorflow",

@@ -7,7 +7,7 @@ import sys
 from search import definition, results
 from search.diagnose import diagnose_study, line
 from search.export import load_existing, study_names
-from search.probe import probe
+from search.probe import probe_study
 from search.storage import open_storage, resolve_url
 from search.study import make_plan
 
@@ -28,8 +28,7 @@ def add(subparsers: argparse._SubParsersAction) -> None:
 def main(args: argparse.Namespace) -> int:
     parsed = definition.load(args.study_file)
     cfg = parsed.study
-    sys.stderr.write(f"knobtune: probing {cfg.framework} and workload {cfg.workload!r} ...\n")
-    plan = make_plan(parsed, probe(cfg.framework, cfg.workload, parsed.workload))
+    plan = make_plan(parsed, probe_study(parsed, sys.stderr))
     storage = open_storage(resolve_url(args.storage, cfg.storage))
     name = args.name or cfg.name
     study = load_existing(storage, name) if name in study_names(storage) else None

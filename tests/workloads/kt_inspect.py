@@ -10,7 +10,7 @@ import torch
 from torch.utils._python_dispatch import TorchDispatchMode
 
 from spaces import for_framework
-from trainers.pytorch.burst import Trainer, build_loader
+from trainers.pytorch.tuned import LossGuard, Tuned, for_request
 from trainers.pytorch.workload import load
 
 BURST = {"train_samples": 2048, "warmup_samples": 64, "windows": 3, "seed": 0}
@@ -28,7 +28,8 @@ def augment() -> dict[str, Any]:
 
     def first(workers: int, seed: int) -> list[torch.Tensor]:
         extra = {"persistent_workers": True} if workers else {}
-        loader = build_loader(workload, knobs(num_workers=workers, **extra), seed)
+        kt = for_request({"knobs": knobs(num_workers=workers, **extra), "burst": {**BURST, "seed": seed}})
+        loader = kt.dataloader(workload.train_dataset, shuffle=True, collate_fn=workload.collate_fn)
         out = []
         for epoch in range(2):  # two epochs: the stream goes on identically across epochs
             for i, (x, _) in enumerate(loader):
@@ -57,19 +58,37 @@ class CountOps(TorchDispatchMode):
         return func(*args, **(kwargs or {}))
 
 
+def trainer(guard: bool) -> tuple[Tuned, Any]:
+    """A trial's API over the tiny workload, and a step function ``step(i, inputs, targets)``."""
+    workload = load("kt_test_workloads:tiny")
+    kt = for_request({"knobs": knobs(), "burst": BURST, "guard": guard})
+    model = workload.build_model()
+    trained, optimizer = kt.prepare(model, workload.build_optimizer(model.parameters()))
+    kt.guard = LossGuard(1000, kt.device)
+
+    def step(i: int, inputs: torch.Tensor, targets: torch.Tensor) -> None:
+        kt.step_index = i
+        with kt.autocast():
+            loss = workload.loss_fn(trained(inputs), targets)
+        kt.backward(loss, optimizer)
+
+    return kt, step
+
+
 def guard_ops() -> dict[str, Any]:
     """Ops per training step with the NaN guard on and off (the same batch, 20 steps each)."""
     counts = {}
+    workload = load("kt_test_workloads:tiny")
+    inputs, targets = next(iter(torch.utils.data.DataLoader(workload.train_dataset, batch_size=32)))
     for guard in (True, False):
-        t = Trainer({"workload": "kt_test_workloads:tiny", "knobs": knobs(), "burst": BURST, "guard": guard})
-        inputs, targets = t.next_batch()
-        t.train_on(inputs, targets, 0)  # optimizer state created outside the count
+        kt, step = trainer(guard)
+        step(0, inputs, targets)  # optimizer state created outside the count
         with CountOps() as mode:
             for i in range(1, 21):
-                t.train_on(inputs, targets, i)
+                step(i, inputs, targets)
         counts[guard] = mode.count / 20
-        reading = t.checkpoint()
-        t.close()
+        reading = kt._checkpoint()
+        kt.close()
         if guard:
             finite, mean_loss = reading.finite, reading.mean_loss
     return {"per_step_guard_on": counts[True], "per_step_guard_off": counts[False],

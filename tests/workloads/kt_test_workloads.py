@@ -256,3 +256,22 @@ class _EvalLimit(nn.Module):
 def eval_limit(limit: int = 16) -> Workload:
     """A model that refuses evaluation batches larger than ``limit``."""
     return tiny(build_model=lambda: _EvalLimit(limit))
+
+
+class _DictDigits(Dataset):
+    def __init__(self, base: Dataset) -> None:
+        self.base = base
+
+    def __len__(self) -> int:
+        return len(self.base)  # type: ignore[arg-type]
+
+    def __getitem__(self, i: int) -> dict[str, torch.Tensor]:
+        x, y = self.base[i]
+        return {"pixels": x, "label": torch.tensor(y)}
+
+
+def dict_batches() -> Workload:
+    """The tiny digits as dict samples (Hugging Face style), which the built-in loop cannot unpack."""
+    base = tiny()
+    return Workload(build_model=mlp, train_dataset=_DictDigits(base.train_dataset),
+                    eval_dataset=_DictDigits(base.eval_dataset), batch_size=16)

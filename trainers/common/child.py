@@ -39,11 +39,11 @@ def write_json(path: Path, data: dict[str, Any]) -> None:
 
 def probe_handler(fingerprint: Callable[[], dict[str, Any]],
                   describe: Callable[[dict[str, Any]], dict[str, Any]]) -> Handler:
-    """The ``probe`` command: the fingerprint, and the workload described when one is named."""
+    """The ``probe`` command: the fingerprint, and the workload (or script) described when one is named."""
 
     def probe(request: dict[str, Any]) -> dict[str, Any]:
         result: dict[str, Any] = {"outcome": "ok", "fingerprint": fingerprint()}
-        if request.get("workload"):
+        if request.get("workload") or request.get("script"):
             result["workload"] = describe(request)
         return result
 

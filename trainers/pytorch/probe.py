@@ -1,27 +1,75 @@
-"""The probe: fingerprint, hardware and a description of the workload (prepares its data)."""
+"""The probe: fingerprint, hardware and a description of the workload (prepares its data), or
+of the user's script (run until its first batch)."""
 from __future__ import annotations
 
+from pathlib import Path
 from typing import Any
 
 import torch
 
+from trainers.common import script
 from trainers.common.child import probe_handler
 from trainers.pytorch import env
+from trainers.pytorch.knobs import has_conv
+from trainers.pytorch.tuned import for_request
 from trainers.pytorch.workload import load
 
 
+def _shape(sample: Any) -> list[int] | None:
+    first = next(script.leaves(sample), None)
+    return list(first.shape) if isinstance(first, torch.Tensor) else None
+
+
+def _sized(dataset: Any) -> int | None:
+    try:
+        return len(dataset)
+    except TypeError:  # an IterableDataset without __len__
+        return None
+
+
+def describe_script(request: dict[str, Any]) -> dict[str, Any]:
+    """Run the script until its first ``kt.batches``: what it builds, and its own settings
+    (the loader arguments it passes: the baseline's values)."""
+    kt = for_request({**request, "knobs": {}}, role="probe")
+    script.run(request["script"], list(request.get("args") or []))
+    kt.result_check()
+    seen = kt.trial.description  # type: ignore[union-attr]
+    models = [m for m, _ in kt.models]
+    dataset = seen.get("dataset")
+    settings = dict(seen.get("settings") or {})
+    sample = None
+    if dataset is not None and _sized(dataset):
+        try:
+            sample = dataset[0]
+        except Exception:  # an IterableDataset, or indexing that needs more than an int
+            sample = None
+    return {
+        "name": Path(request["script"]).name,
+        "parameters": sum(p.numel() for m in models for p in m.parameters()),
+        "train_samples": _sized(dataset) if dataset is not None else None,
+        "eval_samples": None,
+        "sample_shape": _shape(sample) if sample is not None else None,
+        "conv": any(has_conv(m) for m in models),
+        "batch_size": settings.get("batch_size") or seen.get("loader_batch_size"),
+        "settings": settings,
+        "calls": sorted(kt.used),
+    }
+
+
 def describe(request: dict[str, Any]) -> dict[str, Any]:
+    if request.get("script"):
+        return describe_script(request)
     workload = load(request["workload"], request.get("workload_options"))
     model = workload.build_model()
-    inputs, _ = workload.train_dataset[0]
-    shape = list(inputs.shape) if isinstance(inputs, torch.Tensor) else None
+    sample = workload.train_dataset[0] if _sized(workload.train_dataset) else None
+    inputs = sample[0] if isinstance(sample, (list, tuple)) else sample
     return {
         "name": workload.name,
         "parameters": sum(p.numel() for p in model.parameters()),
-        "train_samples": len(workload.train_dataset),  # type: ignore[arg-type]
-        "eval_samples": len(workload.eval_dataset),  # type: ignore[arg-type]
-        "sample_shape": shape,
-        "conv": any(isinstance(m, (torch.nn.Conv1d, torch.nn.Conv2d, torch.nn.Conv3d)) for m in model.modules()),
+        "train_samples": _sized(workload.train_dataset),
+        "eval_samples": _sized(workload.eval_dataset),
+        "sample_shape": _shape(inputs) if inputs is not None else None,
+        "conv": has_conv(model),
         "batch_size": workload.batch_size,
     }
 

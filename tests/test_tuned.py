@@ -1,0 +1,200 @@
+"""The integration API (trainers/pytorch/tuned.py) through real scripts in real child processes:
+a user's own script tuned as a study, its winner exported and run in production, and every bad
+input a user can give it."""
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import optuna
+import pytest
+
+from conftest import FAST, TINY_BURST, WORKLOADS, knobtune, study_file
+
+SCRIPT = WORKLOADS / "kt_script.py"
+
+STUDY = """
+[study]
+name = "own"
+framework = "pytorch"
+script = "{script}"
+args = {args}
+trials = {trials}
+seed = 1
+prune_below = 0   # these tests are not about pruning; on a busy machine tiny bursts are pruned at random
+{burst}
+[space]
+batch_size = [16, 32]
+accumulation_steps = [1]
+compile = ["off"]
+amp = ["off", "bf16"]
+intra_op_threads = [0, 1]
+"""
+
+
+def own_study(tmp_path: Path, args: list[str] | None = None, trials: int = 3, script: Path = SCRIPT) -> Path:
+    return study_file(tmp_path, STUDY.format(script=script, args=json.dumps(args or []), trials=trials,
+                                             burst=TINY_BURST))
+
+
+def load(tmp_path: Path) -> optuna.Study:
+    return optuna.load_study(study_name="own", storage=f"sqlite:///{tmp_path / 'knobtune.db'}")
+
+
+def run_script(*args: str, config: Path | None = None, cwd: Path, extra_env: dict[str, str] | None = None
+               ) -> subprocess.CompletedProcess:
+    """The script in production: a plain ``python script.py``, as a user runs it."""
+    env = {k: v for k, v in os.environ.items() if k != "KNOBTUNE_CONFIG"}
+    if config is not None:
+        env["KNOBTUNE_CONFIG"] = str(config)
+    env.update(extra_env or {})
+    return subprocess.run([sys.executable, str(SCRIPT), *args], cwd=cwd, env=env, capture_output=True,
+                          text=True, timeout=300)
+
+
+def stats(proc: subprocess.CompletedProcess) -> dict:
+    line = [ln for ln in proc.stdout.splitlines() if ln.startswith("stats ")][-1]
+    return json.loads(line[len("stats "):])
+
+
+def test_own_script_tuned_exported_and_run_in_production(tmp_path: Path):
+    proc = knobtune("run", str(own_study(tmp_path, ["--epochs", "3"])), *FAST, cwd=tmp_path, check=0)
+    assert "script kt_script.py --epochs 3" in proc.stderr
+    study = load(tmp_path)
+    done = [t for t in study.trials if t.user_attrs.get("outcome") == "ok"]
+    assert len(done) == 3
+    for t in done:
+        a = t.user_attrs
+        assert a["samples_per_second"] > 0 and 0 <= a["val_accuracy"] <= 1
+        assert a["trained_samples"] == 640  # the burst ran across the script's epochs to train_samples
+        assert a["knobs"]["batch_size"]["value"] == a["loader"]["batch_size"]
+        assert a["knobs"]["amp"]["applied"] is True
+    base = study.trials[0]
+    assert base.user_attrs["is_baseline"] and base.params.get("batch_size", 32) == 32  # the script's own
+    # export, then run the script in production with it
+    knobtune("export", "own", "-o", "best.json", cwd=tmp_path, check=0)
+    best = json.loads((tmp_path / "best.json").read_text())
+    prod = run_script("--epochs", "4", config=tmp_path / "best.json", cwd=tmp_path,
+                      extra_env={"KNOBTUNE_WATCHDOG_S": "0.05"})
+    assert prod.returncode == 0, prod.stderr
+    assert "loaded " in prod.stderr and "best.json" in prod.stderr and "Traceback" not in prod.stderr
+    assert prod.stdout.count("done") == 4  # production runs every epoch
+    live = stats(prod)
+    knobs = best["knobs"]
+    assert live["knobs"]["batch_size"] == knobs["batch_size"]
+    assert live["knobs"]["amp"] == knobs["amp"]
+    assert live["knobs"]["num_workers"] == knobs["num_workers"]
+    assert live["intervals"] >= 2 and live["samples_per_second"] > 0
+    assert live["expected_samples_per_second"] == pytest.approx(
+        (best.get("confirmed") or {}).get("median") or best["metrics"]["samples_per_second"])
+    assert "watchdog: " in prod.stderr  # the first judged interval's rate is logged
+
+
+def test_script_without_config_runs_with_its_own_settings(tmp_path: Path):
+    prod = run_script("--epochs", "1", "--batch-size", "20", cwd=tmp_path)
+    assert prod.returncode == 0, prod.stderr
+    assert "running with the script's own settings" in prod.stderr
+    assert stats(prod)["knobs"]["batch_size"] == 20
+
+
+def test_export_of_another_format_or_framework_is_refused(tmp_path: Path):
+    (tmp_path / "other.json").write_text(json.dumps({"format": "something/2", "framework": "pytorch", "knobs": {}}))
+    proc = run_script(config=tmp_path / "other.json", cwd=tmp_path)
+    assert proc.returncode != 0 and "format 'something/2', expected 'knobtune.best/1'" in proc.stderr
+    (tmp_path / "tf.json").write_text(json.dumps({"format": "knobtune.best/1", "framework": "tensorflow",
+                                                 "knobs": {}}))
+    proc = run_script(config=tmp_path / "tf.json", cwd=tmp_path)
+    assert proc.returncode != 0 and "an export of a tensorflow study, expected one of a pytorch study" in proc.stderr
+    proc = run_script(config=tmp_path / "missing.json", cwd=tmp_path)
+    assert proc.returncode != 0 and "no such file" in proc.stderr
+
+
+def test_another_machine_warns_and_unusable_knobs_fall_back(tmp_path: Path):
+    export = {"format": "knobtune.best/1", "framework": "pytorch", "study": "x", "trial": 3,
+              "knobs": {"batch_size": 16, "amp": "fp16", "num_workers": 0},
+              "metrics": {"samples_per_second": 1000.0},
+              "fingerprint": {"gpus": [{"name": "NVIDIA H200"}], "usable_cores": 64, "torch": "2.0.0",
+                              "cuda_version": "12.1"}}
+    (tmp_path / "gpu.json").write_text(json.dumps(export))
+    proc = run_script("--epochs", "1", config=tmp_path / "gpu.json", cwd=tmp_path)
+    assert proc.returncode == 0, proc.stderr
+    assert "measured on a different machine" in proc.stderr and "GPUs NVIDIA H200 -> none" in proc.stderr
+    assert "usable cores 64 ->" in proc.stderr
+    assert "amp='fp16' (with GradScaler) needs CUDA" in proc.stderr and "running with amp='off' instead" in proc.stderr
+    live = stats(proc)
+    assert live["knobs"]["amp"] == "off" and live["knobs"]["batch_size"] == 16
+    # strict: the fall-back is an error
+    strict = subprocess.run([sys.executable, "-c", "from trainers.pytorch import Tuned; "
+                             f"Tuned.load({str(tmp_path / 'gpu.json')!r}, strict=True)"],
+                            cwd=tmp_path, capture_output=True, text=True, timeout=120)
+    assert strict.returncode != 0 and "strict=True refuses to fall back" in strict.stderr
+
+
+def test_script_not_found_is_exit_2(tmp_path: Path):
+    proc = knobtune("run", str(own_study(tmp_path, script=tmp_path / "nope.py")), cwd=tmp_path, check=2)
+    assert "script" in proc.stderr and "no such file" in proc.stderr and "Traceback" not in proc.stderr
+
+
+@pytest.mark.parametrize("flag, expected", [
+    ("--raise-before", "the user's data set could not be opened"),
+    ("--no-batches", "the script never started batches: does it iterate kt.batches(...)?"),
+])
+def test_script_failing_before_its_first_batch_is_exit_2(tmp_path: Path, flag: str, expected: str):
+    proc = knobtune("run", str(own_study(tmp_path, [flag])), cwd=tmp_path, check=2)
+    assert expected in proc.stderr
+    assert not (tmp_path / "knobtune.db").exists() or not optuna.get_all_study_summaries(
+        f"sqlite:///{tmp_path / 'knobtune.db'}")
+
+
+def test_script_that_never_reports_is_invalid_and_stops_at_the_baseline(tmp_path: Path):
+    proc = knobtune("run", str(own_study(tmp_path, ["--no-report"])), *FAST, cwd=tmp_path, check=1)
+    base = load(tmp_path).trials[0]
+    assert base.user_attrs["outcome"] == "invalid"
+    assert "never reported its accuracy" in base.user_attrs["failure"]
+    assert "the study stops here" in proc.stderr
+
+
+def test_knobs_the_script_never_exercises_are_not_applied_nor_searched(tmp_path: Path):
+    proc = knobtune("run", str(own_study(tmp_path, ["--no-autocast"], trials=3)), *FAST, cwd=tmp_path, check=0)
+    assert "amp is not searched: the script never enters kt.autocast()" in proc.stderr
+    study = load(tmp_path)
+    for t in study.trials:
+        if t.user_attrs.get("outcome") == "ok":
+            assert t.user_attrs["knobs"]["amp"]["applied"] is False
+            assert t.user_attrs["knobs"]["amp"]["why"] == "the script never enters kt.autocast()"
+    assert all("amp" not in t.params for t in study.trials[1:])
+
+
+def test_nan_guard_stops_a_script_whose_loss_goes_non_finite(tmp_path: Path):
+    from search.runner import run_child
+
+    request = {"script": str(SCRIPT), "args": ["--nan-after", "5", "--epochs", "50"],
+               "knobs": {"batch_size": 32}, "burst": {"train_samples": 640, "warmup_samples": 64, "windows": 3}}
+    child = run_child("pytorch", "burst", request, 120)
+    assert child.outcome == "nan", child.failure
+    assert child.data["nan_step"] == 5 and "non-finite at step 5" in child.failure
+    # the burst stopped at the next boundary and the script's remaining 50 epochs were not trained
+    assert child.data["trained_samples"] < 640
+
+
+def test_dict_batches_are_counted_by_their_batch_dimension():
+    from search.runner import run_child
+
+    request = {"script": str(SCRIPT), "args": ["--dict"], "knobs": {"batch_size": 16},
+               "burst": {"train_samples": 320, "warmup_samples": 32, "windows": 2}}
+    child = run_child("pytorch", "burst", request, 120)
+    assert child.outcome == "ok", child.failure
+    assert child.data["trained_samples"] == 320 and child.data["loader"]["batch_size"] == 16
+
+
+def test_a_workload_yielding_dict_batches_is_refused_in_one_line(tmp_path: Path):
+    from search.runner import run_child
+
+    request = {"workload": "kt_test_workloads:dict_batches", "knobs": {"batch_size": 16},
+               "burst": {"train_samples": 320, "warmup_samples": 32, "windows": 2}}
+    child = run_child("pytorch", "burst", request, 120)
+    assert child.outcome == "error"
+    assert "yields dict batches (keys pixels, label)" in child.failure and "[study] script" in child.failure

@@ -1,0 +1,84 @@
+"""A user's own PyTorch training script for the tests, on a slice of the real digits. Flags
+break it in the ways the tests need: ``--raise-before`` (fails before its first batch),
+``--no-batches`` (never iterates kt.batches), ``--no-report`` (never reports its accuracy),
+``--no-autocast`` (never enters kt.autocast), ``--nan-after N`` (loss non-finite after N steps),
+``--dict`` (dict batches, Hugging Face style)."""
+from __future__ import annotations
+
+import argparse
+import json
+
+import torch
+from torch import nn
+from torch.utils.data import DataLoader, Dataset
+
+from trainers.common import digits
+from trainers.pytorch import Tuned
+from trainers.pytorch.data import PngDigits
+from trainers.pytorch.models import mlp
+
+
+class AsDicts(Dataset):
+    def __init__(self, base: Dataset) -> None:
+        self.base = base
+
+    def __len__(self) -> int:
+        return len(self.base)  # type: ignore[arg-type]
+
+    def __getitem__(self, i: int) -> dict[str, torch.Tensor]:
+        x, y = self.base[i]
+        return {"pixels": x, "label": torch.tensor(y)}
+
+
+def main() -> None:
+    p = argparse.ArgumentParser()
+    p.add_argument("--epochs", type=int, default=2)
+    p.add_argument("--batch-size", type=int, default=32)
+    p.add_argument("--workers", type=int, default=0)
+    p.add_argument("--raise-before", action="store_true")
+    p.add_argument("--no-batches", action="store_true")
+    p.add_argument("--no-report", action="store_true")
+    p.add_argument("--no-autocast", action="store_true")
+    p.add_argument("--nan-after", type=int)
+    p.add_argument("--dict", action="store_true")
+    args = p.parse_args()
+
+    kt = Tuned.load()
+    files = digits.prepare()
+    train_set: Dataset = PngDigits(files.train[:320], augment=True)
+    if args.dict:
+        train_set = AsDicts(train_set)
+    loader = kt.dataloader(train_set, shuffle=True, batch_size=args.batch_size, num_workers=args.workers)
+    val = DataLoader(PngDigits(files.val[:160], augment=False), batch_size=64)
+    model = mlp()
+    trained = kt.prepare(model)
+    optimizer = torch.optim.Adam(model.parameters(), lr=1e-3)
+    loss_fn = nn.CrossEntropyLoss()
+    if args.raise_before:
+        raise RuntimeError("the user's data set could not be opened")
+    steps = 0
+    for epoch in range(args.epochs):
+        if args.no_batches:
+            break
+        for batch in kt.batches(loader):
+            x, y = (batch["pixels"], batch["label"]) if args.dict else batch
+            if args.no_autocast:
+                loss = loss_fn(trained(x), y)
+            else:
+                with kt.autocast():
+                    loss = loss_fn(trained(x), y)
+            steps += 1
+            if args.nan_after is not None and steps > args.nan_after:
+                loss = loss * float("nan")
+            kt.backward(loss, optimizer)
+        print(f"epoch {epoch + 1} done", flush=True)
+    model.eval()
+    with torch.no_grad():
+        correct = sum(int((model(x.to(kt.device)).argmax(1) == y.to(kt.device)).sum()) for x, y in val)
+    if not args.no_report:
+        kt.report(val_accuracy=correct / 160)
+    print("stats " + json.dumps(kt.stats()), flush=True)
+
+
+if __name__ == "__main__":
+    main()

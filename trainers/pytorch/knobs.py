@@ -1,0 +1,182 @@
+"""Applying PyTorch's knobs for real, once, whoever trains: the process settings (threads,
+cuDNN, matmul precision), the DataLoader's arguments, the model's preparation (device,
+channels_last, torch.compile), autocast and the fp16 optimizer; and checking which values this
+machine can apply."""
+from __future__ import annotations
+
+import inspect
+from contextlib import nullcontext
+from typing import Any, ContextManager
+
+import torch
+
+from trainers.common.errors import InvalidKnobs
+from trainers.pytorch import compiled
+
+AMP_DTYPES = {"bf16": torch.bfloat16, "fp16": torch.float16}
+COMPILE_MODES = ("off", "default", "reduce-overhead", "max-autotune")
+MATMUL_PRECISIONS = ("highest", "high", "medium")
+LOADER_KNOBS = ("batch_size", "num_workers", "prefetch_factor", "persistent_workers", "pin_memory")
+# Optimizers with a fused CUDA implementation that takes GradScaler's scale and found_inf on the
+# device (``_step_supports_amp_scaling``): with them fp16 needs no host read per step.
+FUSABLE = (torch.optim.Adam, torch.optim.AdamW, torch.optim.SGD)
+# What each knob is when nobody set it: PyTorch's own defaults (batch_size: the script's).
+DEFAULTS: dict[str, Any] = {
+    "accumulation_steps": 1, "num_workers": 0, "prefetch_factor": 2, "persistent_workers": False,
+    "pin_memory": False, "intra_op_threads": 0, "amp": "off", "compile": "off", "channels_last": False,
+    "cudnn_benchmark": False, "cudnn_deterministic": False, "matmul_precision": "highest",
+}
+
+
+def check(knobs: dict[str, Any], device: torch.device) -> None:
+    """Raise InvalidKnobs for a value or combination this device cannot train with."""
+    found = {k: v for k, v in problems(knobs, device).items() if k != "pin_memory"}  # torch ignores that one
+    if found:
+        raise InvalidKnobs(next(iter(found.values())))
+
+
+def problems(knobs: dict[str, Any], device: torch.device) -> dict[str, str]:
+    """Knob -> why this device cannot apply its value (empty when all apply)."""
+    out: dict[str, str] = {}
+    amp = knobs.get("amp", "off")
+    if amp not in ("off", *AMP_DTYPES):
+        out["amp"] = f"amp={amp!r}: expected 'off', 'bf16' or 'fp16'"
+    elif amp == "fp16" and device.type != "cuda":
+        out["amp"] = "amp='fp16' (with GradScaler) needs CUDA; this process has no CUDA device"
+    elif amp == "bf16" and device.type == "cuda" and not torch.cuda.is_bf16_supported(including_emulation=False):
+        out["amp"] = "amp='bf16' is not supported by this GPU"
+    mode = knobs.get("compile", "off")
+    if mode not in COMPILE_MODES:
+        out["compile"] = f"compile={mode!r}: expected one of {', '.join(COMPILE_MODES)}"
+    elif mode == "reduce-overhead" and device.type != "cuda":
+        out["compile"] = "compile='reduce-overhead' captures CUDA graphs and needs CUDA"
+    elif compiled.uses_cuda_graphs(mode, device) and int(knobs.get("accumulation_steps", 1)) > 1:
+        # AccumulateGrad keeps the first backward's gradient, which lives in the CUDA-graph pool,
+        # as .grad; the next replay overwrites it.
+        out["compile"] = (f"compile={mode!r} replays CUDA graphs, which overwrite gradients accumulated across "
+                          f"micro-batches: accumulation_steps={knobs['accumulation_steps']} needs compile 'off' "
+                          f"or 'default'")
+    precision = knobs.get("matmul_precision", "highest")
+    if precision not in MATMUL_PRECISIONS:
+        out["matmul_precision"] = f"matmul_precision={precision!r}: expected one of {', '.join(MATMUL_PRECISIONS)}"
+    if knobs.get("pin_memory") and device.type != "cuda":
+        out["pin_memory"] = "pin_memory=True needs CUDA; this process has no CUDA device"
+    return out
+
+
+def apply_process(knobs: dict[str, Any], device: torch.device) -> None:
+    """The process-wide settings: torch's threads, cuDNN flags, fp32 matmul precision."""
+    threads = int(knobs.get("intra_op_threads", 0) or 0)
+    if threads > 0:
+        torch.set_num_threads(threads)
+    if device.type == "cuda":
+        torch.backends.cudnn.benchmark = bool(knobs.get("cudnn_benchmark", False))
+        torch.backends.cudnn.deterministic = bool(knobs.get("cudnn_deterministic", False))
+        torch.set_float32_matmul_precision(knobs.get("matmul_precision", "highest"))
+
+
+def read_ahead(knobs: dict[str, Any]) -> int:
+    """Batches a DataLoader holds ready at most: every worker's prefetch_factor batches."""
+    workers = int(knobs.get("num_workers") or 0)
+    return workers * int(knobs.get("prefetch_factor") or 2) if workers > 0 else 0
+
+
+def loader_arguments(knobs: dict[str, Any]) -> dict[str, Any]:
+    """The DataLoader arguments the knobs set (worker options only with workers, as torch requires)."""
+    workers = int(knobs.get("num_workers") or 0)
+    out: dict[str, Any] = {"num_workers": workers, "pin_memory": bool(knobs.get("pin_memory", False))}
+    if knobs.get("batch_size") is not None:
+        out["batch_size"] = int(knobs["batch_size"])
+    if workers > 0:
+        out["prefetch_factor"] = int(knobs.get("prefetch_factor") or 2)
+        out["persistent_workers"] = bool(knobs.get("persistent_workers", False))
+    return out
+
+
+def loader_report(loader: Any) -> dict[str, Any]:
+    """The DataLoader's settings, read back from the object that was built."""
+    return {
+        "batch_size": loader.batch_size,
+        "num_workers": loader.num_workers,
+        "pin_memory": loader.pin_memory,
+        "prefetch_factor": loader.prefetch_factor,
+        "persistent_workers": loader.persistent_workers,
+        "drop_last": loader.drop_last,
+    }
+
+
+def ready_batches(iterator: Any) -> int | None:
+    """Batches a multi-process DataLoader iterator holds loaded and not yet handed out (its
+    result queues and its reorder buffer); None when this torch does not let us count them."""
+    try:
+        queues = {id(q): q for q in (iterator._worker_result_queue, iterator._data_queue)}
+        queued = sum(q.qsize() for q in queues.values())
+        reordered = sum(1 for info in iterator._task_info.values() if len(info) == 2)
+    except (AttributeError, NotImplementedError, OSError):
+        return None
+    return queued + reordered
+
+
+def prepare_model(model: torch.nn.Module, knobs: dict[str, Any], device: torch.device) -> torch.nn.Module:
+    """Move ``model`` to the device (in place; channels_last when asked) and return the module to
+    train with: ``model`` itself, or its ``torch.compile`` wrapper (which shares its parameters)."""
+    model.to(device)
+    if knobs.get("channels_last"):
+        model.to(memory_format=torch.channels_last)  # type: ignore[call-overload]
+    mode = knobs.get("compile", "off")
+    if mode == "off":
+        return model
+    return torch.compile(model, mode=None if mode == "default" else mode)  # type: ignore[return-value]
+
+
+def channels_last_used(model: torch.nn.Module) -> bool:
+    """Read from the convolution weights (the tensors channels_last is for), not any parameter."""
+    convs = [m.weight for m in model.modules()
+             if isinstance(m, (torch.nn.Conv2d, torch.nn.ConvTranspose2d)) and m.weight.dim() == 4]
+    return bool(convs) and all(w.is_contiguous(memory_format=torch.channels_last) for w in convs)
+
+
+def has_conv(model: torch.nn.Module) -> bool:
+    return any(isinstance(m, (torch.nn.Conv1d, torch.nn.Conv2d, torch.nn.Conv3d)) for m in model.modules())
+
+
+def autocast(knobs: dict[str, Any], device: torch.device) -> ContextManager[Any]:
+    amp = knobs.get("amp", "off")
+    return torch.autocast(device_type=device.type, dtype=AMP_DTYPES[amp]) if amp != "off" else nullcontext()
+
+
+def autocast_name(context: Any) -> str:
+    return {None: "off", torch.bfloat16: "bf16", torch.float16: "fp16"}[getattr(context, "fast_dtype", None)]
+
+
+def fused(optimizer: torch.optim.Optimizer) -> torch.optim.Optimizer | None:
+    """The same optimizer with ``fused=True``, or None when it has no fused CUDA implementation."""
+    if type(optimizer) not in FUSABLE or optimizer.defaults.get("fused") or optimizer.defaults.get("differentiable"):
+        return None
+    params = [p for group in optimizer.param_groups for p in group["params"]]
+    if not params or not all(p.is_cuda and p.is_floating_point() for p in params):
+        return None
+    accepted = inspect.signature(type(optimizer).__init__).parameters
+    # defaults can hold keys the constructor does not take (AdamW's decoupled_weight_decay)
+    options = {k: v for k, v in optimizer.defaults.items() if k in accepted}
+    groups = [{**group, "fused": True, "foreach": None} for group in optimizer.param_groups]
+    try:
+        return type(optimizer)(groups, **{**options, "fused": True, "foreach": None})
+    except (RuntimeError, ValueError, TypeError):
+        return None
+
+
+def per_step_sync(scaler: torch.amp.GradScaler, optimizer: torch.optim.Optimizer | None) -> str | None:
+    """Why training syncs the host with the device every step (None: it does not)."""
+    if scaler.is_enabled() and optimizer is not None and not getattr(optimizer, "_step_supports_amp_scaling", False):
+        return (f"fp16: GradScaler reads found_inf on the host every step ({type(optimizer).__name__} "
+                f"has no fused implementation that takes it on the device)")
+    return None
+
+
+def peak_memory_mb(device: torch.device) -> float:
+    import resource
+
+    if device.type == "cuda":
+        return torch.cuda.max_memory_allocated(device) / 2**20
+    return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024  # kB on Linux
