@@ -91,6 +91,10 @@ def test_own_script_tuned_exported_and_run_in_production(tmp_path: Path):
     assert live["expected_samples_per_second"] == pytest.approx(
         (best.get("confirmed") or {}).get("median") or best["metrics"]["samples_per_second"])
     assert "watchdog: " in prod.stderr  # the first judged interval's rate is logged
+    # for a script that does not adopt the API: the lines to change (executed in test_snippet.py)
+    code = knobtune("export", "own", "--format", "snippet", cwd=tmp_path, check=0).stdout
+    assert f"DataLoader(train_set, batch_size={knobs['batch_size']}, shuffle=True" in code
+    compile(code, "snippet.py", "exec")
 
 
 def test_script_without_config_runs_with_its_own_settings(tmp_path: Path):

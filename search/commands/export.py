@@ -9,6 +9,7 @@ from pathlib import Path
 from search.errors import UserError
 from search.export import best_config, load_existing
 from search.results import PICKS
+from search.snippet import snippet
 from search.storage import open_storage, resolve_url
 
 
@@ -20,6 +21,9 @@ def add(subparsers: argparse._SubParsersAction) -> None:
     p.add_argument("name", help="study name")
     p.add_argument("--storage", metavar="URL", help="Optuna storage URL (default: sqlite:///knobtune.db)")
     p.add_argument("-o", "--output", metavar="FILE", help="write here instead of standard output")
+    p.add_argument("--format", choices=("json", "snippet"), default="json", dest="fmt",
+                   help="json: the knobtune.best/1 document Tuned.load reads (default); snippet: the lines to "
+                        "change in a training script that does not use the Tuned API")
     p.add_argument("--pick", choices=PICKS, default=None,
                    help="pareto studies: which point of the front (default fastest-feasible)")
     p.set_defaults(func=main)
@@ -28,7 +32,7 @@ def add(subparsers: argparse._SubParsersAction) -> None:
 def main(args: argparse.Namespace) -> int:
     study = load_existing(open_storage(resolve_url(args.storage)), args.name)
     document = best_config(study, args.pick)
-    text = json.dumps(document, indent=2) + "\n"
+    text = snippet(document) if args.fmt == "snippet" else json.dumps(document, indent=2) + "\n"
     if args.output:
         path = Path(args.output)
         if not path.parent.exists():
