@@ -12,22 +12,11 @@ import torch
 from torch import nn
 from torch.utils.data import DataLoader, Dataset
 
+from kt_test_workloads import DictDigits
 from trainers.common import digits
 from trainers.pytorch import Tuned
 from trainers.pytorch.data import PngDigits
 from trainers.pytorch.models import mlp
-
-
-class AsDicts(Dataset):
-    def __init__(self, base: Dataset) -> None:
-        self.base = base
-
-    def __len__(self) -> int:
-        return len(self.base)  # type: ignore[arg-type]
-
-    def __getitem__(self, i: int) -> dict[str, torch.Tensor]:
-        x, y = self.base[i]
-        return {"pixels": x, "label": torch.tensor(y)}
 
 
 def main() -> None:
@@ -47,7 +36,7 @@ def main() -> None:
     files = digits.prepare()
     train_set: Dataset = PngDigits(files.train[:320], augment=True)
     if args.dict:
-        train_set = AsDicts(train_set)
+        train_set = DictDigits(train_set)
     loader = kt.dataloader(train_set, shuffle=True, batch_size=args.batch_size, num_workers=args.workers)
     val = DataLoader(PngDigits(files.val[:160], augment=False), batch_size=64)
     model = mlp()

@@ -258,7 +258,9 @@ def eval_limit(limit: int = 16) -> Workload:
     return tiny(build_model=lambda: _EvalLimit(limit))
 
 
-class _DictDigits(Dataset):
+class DictDigits(Dataset):
+    """Samples as dicts (Hugging Face style): {'pixels': image, 'label': class}."""
+
     def __init__(self, base: Dataset) -> None:
         self.base = base
 
@@ -273,5 +275,5 @@ class _DictDigits(Dataset):
 def dict_batches() -> Workload:
     """The tiny digits as dict samples (Hugging Face style), which the built-in loop cannot unpack."""
     base = tiny()
-    return Workload(build_model=mlp, train_dataset=_DictDigits(base.train_dataset),
-                    eval_dataset=_DictDigits(base.eval_dataset), batch_size=16)
+    return Workload(build_model=mlp, train_dataset=DictDigits(base.train_dataset),
+                    eval_dataset=DictDigits(base.eval_dataset), batch_size=16)
