@@ -62,3 +62,11 @@ for t in study.trials:
           + (f"  short windows: {a['short_windows']}" if a.get('short_windows') else "")
           + (f"  {a['failure'].splitlines()[0]}" if a.get('failure') else ""))
 PY
+echo "== the example own-loop script through the Tuned API: production with fp16 + pinned memory + workers"
+cat > "$work/cuda-config.json" <<'JSON'
+{"format": "knobtune.best/1", "framework": "pytorch", "study": "gpu-check", "trial": 0,
+ "knobs": {"batch_size": 256, "num_workers": 4, "persistent_workers": true, "prefetch_factor": 4,
+           "pin_memory": true, "amp": "fp16", "compile": "off", "accumulation_steps": 1},
+ "metrics": {"samples_per_second": 1.0}, "fingerprint": {}}
+JSON
+KNOBTUNE_CONFIG="$work/cuda-config.json" KNOBTUNE_WATCHDOG_S=1 timeout 120 "$PY" studies/own_loop_pytorch.py --epochs 8
