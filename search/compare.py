@@ -146,16 +146,20 @@ def precision(trial: FrozenTrial) -> str:
     return "fp32"
 
 
+def _acc(trial: FrozenTrial) -> str:
+    value = trial.user_attrs.get("val_accuracy")
+    return "-" if value is None else f"{value:.3f}"
+
+
 def table(a: Side, b: Side) -> str:
     rows = [
         ("framework", a.framework, b.framework),
         ("study", a.study.study_name, b.study.study_name),
         ("samples/s figures", a.figures, b.figures),
         ("baseline samples/s", rate(a.base_sps), rate(b.base_sps)),
-        ("baseline val_accuracy", f"{a.baseline.user_attrs['val_accuracy']:.3f}",
-         f"{b.baseline.user_attrs['val_accuracy']:.3f}"),
+        ("baseline val_accuracy", _acc(a.baseline), _acc(b.baseline)),
         ("best samples/s", rate(a.best_sps), rate(b.best_sps)),
-        ("best val_accuracy", f"{a.best.user_attrs['val_accuracy']:.3f}", f"{b.best.user_attrs['val_accuracy']:.3f}"),
+        ("best val_accuracy", _acc(a.best), _acc(b.best)),
         ("baseline precision", precision(a.baseline), precision(b.baseline)),
         ("best precision", precision(a.best), precision(b.best)),
         ("best warm-up s", f"{a.best.user_attrs.get('warmup_seconds', 0):.1f}",
@@ -197,7 +201,8 @@ def verdict(a: Side, b: Side) -> str:
     pa, pb = precision(a.best), precision(b.best)
     text += f" Precision of the tuned runs: {a.framework} {pa}, {b.framework} {pb}"
     text += "." if pa == pb else " (not the same arithmetic: part of the gap may be precision, not the framework)."
-    acc_gap = a.best.user_attrs["val_accuracy"] - b.best.user_attrs["val_accuracy"]
+    acc_a, acc_b = a.best.user_attrs.get("val_accuracy"), b.best.user_attrs.get("val_accuracy")
+    acc_gap = acc_a - acc_b if acc_a is not None and acc_b is not None else 0.0
     if abs(acc_gap) >= 0.01:
         better = a if acc_gap > 0 else b
         text += (f" The {better.framework} winner is also {abs(acc_gap) * 100:.1f} points more accurate "

@@ -42,7 +42,7 @@ def candidates(study: optuna.Study, top_k: int) -> tuple[list[FrozenTrial], str 
 def _score(plan: Plan, attrs: dict[str, Any], base_acc: list[float] | None) -> tuple[float | None, bool]:
     """A confirmation run's objective number (samples/s, effective samples/s or seconds to
     target) and whether it passed the guard."""
-    if attrs.get("outcome") != "ok" or attrs.get("val_accuracy") is None:
+    if attrs.get("outcome") != "ok" or (attrs.get("val_accuracy") is None and plan.definition.guard.accuracy):
         return None, False
     from search.objective import Report
 
@@ -122,7 +122,8 @@ def confirm(study: optuna.Study, plan: Plan, err: TextIO) -> dict[str, Any] | No
     # baseline's spread, so that the sampler does not learn from noise; here both sides are
     # means over several seeds, and the winner must meet the guard as the user stated it.
     all_base = base_acc + [e["val_accuracy"] for e in runs[str(base.number)] if e["val_accuracy"] is not None]
-    floor = None if minimize else final_floor(all_base, plan.definition.guard.max_accuracy_drop)
+    judged = not minimize and plan.definition.guard.accuracy and all_base
+    floor = final_floor(all_base, plan.definition.guard.max_accuracy_drop) if judged else None
     medians, accuracies = {}, {}
     for number, entries in runs.items():
         values = [e["value"] for e in entries if e["value"] is not None]

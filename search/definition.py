@@ -65,6 +65,7 @@ class BurstSection:
 
 @dataclass(frozen=True)
 class GuardSection:
+    accuracy: bool = True  # false: trials need not report an accuracy, and none is compared (throughput only)
     max_accuracy_drop: float = 0.02
     baseline_runs: int = 2  # the baseline is measured this many times (seeds seed, seed+1, ...)
 
@@ -145,7 +146,8 @@ _SECTIONS: dict[str, dict[str, tuple[tuple[type, ...], str]]] = {
         "timeout_s": (_NUMBER, "a number of seconds > 0"),
         "min_window_seconds": (_NUMBER, "a number of seconds >= 0 (0: no check)"),
     },
-    "guard": {"max_accuracy_drop": (_NUMBER, "a number between 0 and 1"),
+    "guard": {"accuracy": ((bool,), "true or false (false: no accuracy is needed or compared)"),
+              "max_accuracy_drop": (_NUMBER, "a number between 0 and 1"),
               "baseline_runs": ((int,), "an integer >= 1")},
     "confirm": {
         "top_k": ((int,), "an integer >= 0 (0 turns confirmation off)"),
@@ -175,7 +177,7 @@ def _section(raw: Mapping[str, Any], name: str, where: str) -> dict[str, Any]:
         if key not in allowed:
             raise UserError(f"{where}: unknown key {key!r} in [{name}]; allowed: {', '.join(allowed)}")
         types, expected = allowed[key]
-        if isinstance(value, bool) or not isinstance(value, types):
+        if (isinstance(value, bool) and bool not in types) or not isinstance(value, types):
             raise UserError(f"{where}: [{name}] {key} must be {expected}, got {_type_name(value)} {value!r}")
         out[key] = value
     return out
@@ -259,6 +261,9 @@ def parse(text: str, source: str = "<string>", default_name: str | None = None,
     _check_range(0 <= guard.max_accuracy_drop <= 1, where, "[guard] max_accuracy_drop",
                  "a number between 0 and 1", guard.max_accuracy_drop)
     _check_range(guard.baseline_runs >= 1, where, "[guard] baseline_runs", "an integer >= 1", guard.baseline_runs)
+    if not guard.accuracy and objective != "throughput":
+        raise UserError(f"{where}: [guard] accuracy = false leaves nothing to judge objective = {objective!r} by; "
+                        f"it needs objective = \"throughput\"")
 
     space_def = for_framework(framework)
     baseline = raw.get("baseline", {})

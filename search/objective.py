@@ -67,6 +67,7 @@ class Plan:
             "lr_scale": self.lr_scale(knobs),
             # counted once per study by the probe, so no trial reads every file again
             "train_records": self.ctx.get("workload", {}).get("train_samples"),
+            "accuracy_required": d.guard.accuracy,
         }
         if d.study.objective == "time-to-accuracy":
             request["target_accuracy"] = d.study.target_accuracy
@@ -248,8 +249,11 @@ def final_floor(baseline_accuracies: list[float], max_drop: float) -> float:
 
 
 def baseline_accuracies(attrs: dict[str, Any]) -> list[float]:
-    """Every held-out accuracy measured for a baseline trial (its runs with different seeds)."""
-    return list(attrs.get("baseline_accuracies") or [attrs["val_accuracy"]])
+    """Every held-out accuracy measured for a baseline trial (its runs with different seeds); none
+    when the study's accuracy guard is off and the job reported none."""
+    if attrs.get("baseline_accuracies"):
+        return list(attrs["baseline_accuracies"])
+    return [attrs["val_accuracy"]] if attrs.get("val_accuracy") is not None else []
 
 
 def objective_values(report: Report, definition: Definition, base_accuracies: list[float] | None
@@ -271,6 +275,8 @@ def objective_values(report: Report, definition: Definition, base_accuracies: li
         # Not reached: the training time it spent without reaching the target (a real measurement).
         seconds = a["time_to_accuracy"] if a.get("target_reached") else a.get("burst_seconds", 0.0)
         return [seconds], constraint, extra
+    if not definition.guard.accuracy:  # [guard] accuracy = false: throughput alone
+        return [rate], 0.0, extra
     reference = baseline_accuracies(a) if base_accuracies is None else base_accuracies
     floor = accuracy_floor(reference, definition.guard.max_accuracy_drop)
     extra["accuracy_floor"] = floor
@@ -295,7 +301,7 @@ def tell(study: optuna.Study, trial: optuna.Trial, report: Report, definition: D
                 trial.report(rate, step)
         study.tell(trial, state=TrialState.PRUNED)
         return
-    if report.outcome == "ok" and report.val_accuracy is not None:
+    if report.outcome == "ok" and (report.val_accuracy is not None or not definition.guard.accuracy):
         values, constraint, extra = objective_values(report, definition, base_accuracies)
         report.attrs.update(extra, feasible=constraint <= 0)
         for key, value in report.attrs.items():

@@ -17,6 +17,10 @@ def changed_knobs(values: dict[str, Any], reference: dict[str, Any]) -> str:
     return " ".join(parts) if parts else "(baseline settings)"
 
 
+def _acc(value: float | None) -> str:
+    return "-" if value is None else f"{value:.3f}"
+
+
 def trial_line(number: int, attrs: dict[str, Any], best: tuple[str, int] | None,
                baseline_knobs: dict[str, Any] | None) -> str:
     """``trial #3   ok   9,141 samples/s  acc 0.956  cv 5%  11.2 s  | best ... (#2)`` + changed knobs."""
@@ -26,7 +30,7 @@ def trial_line(number: int, attrs: dict[str, Any], best: tuple[str, int] | None,
     head = f"trial #{number:<3} {outcome:<7}"
     if outcome == "ok":
         text = (f"{head} {rate(attrs.get('samples_per_second')):>9} samples/s  "
-                f"acc {attrs.get('val_accuracy', 0):.3f}  cv {100 * attrs.get('samples_per_second_cv', 0):>2.0f}%  "
+                f"acc {_acc(attrs.get('val_accuracy'))}  cv {100 * attrs.get('samples_per_second_cv', 0):>2.0f}%  "
                 f"{attrs.get('trial_seconds', 0):>5.1f} s")
         if "effective_samples_per_second" in attrs:
             text += f"  (job: {rate(attrs['effective_samples_per_second'])} samples/s)"
@@ -60,7 +64,7 @@ def _row(label: str, trial: FrozenTrial, base: FrozenTrial, minimize: bool) -> s
     value, ref = (trial.value, base.value) if minimize else (results.rate(trial), results.rate(base))
     speed = (ref / value if minimize else value / ref) if value and ref else None
     return (f"  {label:<9} #{trial.number:<5} {_metric(trial, minimize):>11} "
-            f"{trial.user_attrs.get('val_accuracy', float('nan')):>13.3f} {f'{speed:.2f}x' if speed else '-':>8}")
+            f"{_acc(trial.user_attrs.get('val_accuracy')):>13} {f'{speed:.2f}x' if speed else '-':>8}")
 
 
 def _applied(trial: FrozenTrial) -> dict[str, Any]:

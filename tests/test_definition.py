@@ -118,3 +118,27 @@ def test_cli_bad_study_file_is_one_line_exit_2(tmp_path: Path, body: str, expect
 def test_cli_missing_study_file(tmp_path: Path):
     proc = knobtune("run", "nope.toml", cwd=tmp_path, check=2)
     assert "study file nope.toml does not exist" in proc.stderr
+
+
+def test_script_studies(tmp_path: Path):
+    (tmp_path / "train.py").write_text("print('hi')\n")
+    path = study_file(tmp_path, '[study]\nframework = "pytorch"\nscript = "train.py"\nargs = ["--epochs", 3]\n')
+    d = definition.load(path)
+    assert d.study.script == str((tmp_path / "train.py").resolve()) and d.study.args == ("--epochs", "3")
+    assert d.study.job == "script train.py --epochs 3" and d.measurement_key()["args"] == ["--epochs", "3"]
+    assert definition.from_dict(d.as_dict()).as_dict() == d.as_dict()  # as stored in the study's attributes, and back
+    missing = study_file(tmp_path, '[study]\nframework = "pytorch"\nscript = "nope.py"\n', "m.toml")
+    with pytest.raises(UserError, match=r"\[study\] script 'nope.py': no such file"):
+        definition.load(missing)
+
+
+@pytest.mark.parametrize("body, expected", [
+    ('[study]\nframework = "pytorch"\n', "needs exactly one of 'workload'"),
+    (HEAD + 'script = "x.py"\n', "needs exactly one of 'workload'"),
+    (HEAD + 'args = ["a"]\n', "args are a script's arguments; this study has no 'script'"),
+    (HEAD + 'objective = "pareto"\n[guard]\naccuracy = false\n', "accuracy = false leaves nothing to judge"),
+    (HEAD + '[guard]\naccuracy = 1\n', "[guard] accuracy must be true or false"),
+    (HEAD + '[confirm]\nmin_speedup = -0.1\n', "[confirm] min_speedup must be a number >= 0"),
+])
+def test_script_and_guard_errors(body: str, expected: str):
+    assert expected in error(body)

@@ -161,6 +161,17 @@ def test_script_that_never_reports_is_invalid_and_stops_at_the_baseline(tmp_path
     assert "the study stops here" in proc.stderr
 
 
+def test_with_the_accuracy_guard_off_a_script_need_not_report(tmp_path: Path):
+    path = own_study(tmp_path, ["--no-report"], trials=2)
+    path.write_text(path.read_text().replace("[guard]\n", "[guard]\naccuracy = false\n"))
+    proc = knobtune("run", str(path), *FAST, cwd=tmp_path, check=0)
+    done = [t for t in load(tmp_path).trials if t.user_attrs.get("outcome") == "ok"]
+    assert len(done) == 2 and all("val_accuracy" not in t.user_attrs for t in done)
+    assert all(t.user_attrs["feasible"] for t in done) and "speedup" in proc.stdout
+    knobtune("export", "own", "-o", "best.json", cwd=tmp_path, check=0)
+    assert json.loads((tmp_path / "best.json").read_text())["metrics"]["val_accuracy"] is None
+
+
 def test_knobs_the_script_never_exercises_are_not_applied_nor_searched(tmp_path: Path):
     proc = knobtune("run", str(own_study(tmp_path, ["--no-autocast"], trials=3)), *FAST, cwd=tmp_path, check=0)
     assert "amp is not searched: the script never enters kt.autocast()" in proc.stderr
