@@ -213,3 +213,11 @@ def test_a_workload_yielding_dict_batches_is_refused_in_one_line(tmp_path: Path)
     child = run_child("pytorch", "burst", request, 120)
     assert child.outcome == "error"
     assert "yields dict batches (keys pixels, label)" in child.failure and "[study] script" in child.failure
+
+
+def test_diagnosis_runs_the_scripts_own_step(tmp_path: Path):
+    # the script's own loader settings (one worker) are its baseline; the ceilings come from its own loop
+    proc = knobtune("diagnose", str(own_study(tmp_path, ["--workers", "1"])), cwd=tmp_path, check=0)
+    assert "probing pytorch and script kt_script.py --workers 1" in proc.stderr
+    line = [ln for ln in proc.stdout.splitlines() if "baseline:" in ln][0]
+    assert "bottleneck: " in line and "input ceiling" in line and "compute ceiling" in line
