@@ -54,6 +54,8 @@ benchmark: install
 	$(PY) benchmarks/frameworks.py
 	$(PY) benchmarks/search_quality.py
 	$(PY) benchmarks/guard_cost.py
+	$(PY) benchmarks/api_overhead.py
+	$(PY) benchmarks/own_loop.py
 
 dashboard: install
 	$(VENV)/bin/knobtune dashboard
