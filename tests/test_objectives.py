@@ -46,7 +46,9 @@ def load(tmp: Path, name: str) -> optuna.Study:
 
 
 def test_pareto_front_is_consistent_and_export_picks_from_it(tmp_path: Path):
-    path = study_file(tmp_path, body("pareto", 'objective = "pareto"', trials=4))
+    # (two confirmation rounds: this test is about the front and its picks, not about the rounds)
+    path = study_file(tmp_path, body("pareto", 'objective = "pareto"', trials=4,
+                                     extra="[confirm]\nrepeats = 2\nnoisy_repeats = 2"))
     proc = knobtune("run", str(path), "--no-diagnose", cwd=tmp_path, check=0)
     study = load(tmp_path, "pareto")
     assert len(study.directions) == 2
