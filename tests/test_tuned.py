@@ -221,3 +221,58 @@ def test_diagnosis_runs_the_scripts_own_step(tmp_path: Path):
     assert "probing pytorch and script kt_script.py --workers 1" in proc.stderr
     line = [ln for ln in proc.stdout.splitlines() if "baseline:" in ln][0]
     assert "bottleneck: " in line and "input ceiling" in line and "compute ceiling" in line
+
+
+def test_watchdog_warns_when_production_stays_below_the_confirmed_rate(tmp_path: Path):
+    export = {"format": "knobtune.best/1", "framework": "pytorch", "study": "x", "trial": 1,
+              "knobs": {"batch_size": 32}, "metrics": {"samples_per_second": 1e9}, "fingerprint": {}}
+    (tmp_path / "fast.json").write_text(json.dumps(export))
+    proc = run_script("--epochs", "4", config=tmp_path / "fast.json", cwd=tmp_path,
+                      extra_env={"KNOBTUNE_WATCHDOG_S": "0.05"})
+    assert proc.returncode == 0, proc.stderr
+    assert "more than 20% below" in proc.stderr and "of the confirmed 1,000,000,000" in proc.stderr
+    assert stats(proc)["warned"] is True
+
+
+def test_watchdog_judges_sustained_intervals_only():
+    import logging
+
+    from trainers.common.production import Watchdog, WatchdogSettings, log
+
+    now = [0.0]
+    syncs = []
+    dog = Watchdog(96.0, WatchdogSettings(interval_s=1.0, margin=0.2, patience=2), lambda: syncs.append(now[0]),
+                   clock=lambda: now[0])
+    records: list[str] = []
+    handler = logging.Handler()
+    handler.emit = lambda record: records.append(record.getMessage())  # type: ignore[method-assign]
+    log.addHandler(handler)
+    level = log.level
+    log.setLevel(logging.INFO)
+    try:
+        def run(rate: float, seconds: float) -> None:
+            for _ in range(int(seconds * 8)):  # steps of 1/8 s: exact in binary
+                now[0] += 0.125
+                dog.step(int(rate / 8))
+
+        dog.resume()
+        run(16, 1.0)      # the first interval: warm-up, slow, not judged
+        run(96, 1.0)     # on target
+        run(48, 1.0)      # one slow interval: not yet sustained
+        assert not [r for r in records if "below" in r]
+        run(48, 1.0)      # two in a row: a warning
+        assert len([r for r in records if "below" in r]) == 1 and dog.stats()["warned"]
+        run(48, 2.0)      # still slow: no new warning
+        assert len([r for r in records if "below" in r]) == 1
+        run(96, 1.0)     # back to speed: said once
+        assert any("back to" in r for r in records) and not dog.stats()["warned"]
+        dog.pause()
+        now[0] += 50.0    # time outside kt.batches (the script's evaluation) is not counted
+        dog.resume()
+        run(96, 1.0)
+        assert dog.stats()["samples_per_second"] == pytest.approx(96)
+        # one sync per interval (and at each pause), never per step
+        assert len(syncs) <= len(dog.intervals) + 1
+    finally:
+        log.removeHandler(handler)
+        log.setLevel(level)
