@@ -276,3 +276,16 @@ def test_watchdog_judges_sustained_intervals_only():
     finally:
         log.removeHandler(handler)
         log.setLevel(level)
+
+
+def test_time_to_accuracy_evaluates_between_windows_through_the_script():
+    from search.runner import run_child
+
+    request = {"script": str(SCRIPT), "knobs": {"batch_size": 32}, "target_accuracy": 0.3,
+               "burst": {"train_samples": 1280, "warmup_samples": 64, "windows": 10}}
+    child = run_child("pytorch", "burst", {**request, "args": ["--evaluate"]}, 120)
+    assert child.outcome == "ok", child.failure
+    assert child.data["target_reached"] is True and child.data["evaluations"]
+    assert len(child.data["evaluations"]) < 10  # it stopped at the target
+    child = run_child("pytorch", "burst", request, 120)
+    assert child.outcome == "invalid" and "kt.batches(loader, evaluate=fn)" in child.failure

@@ -30,6 +30,7 @@ def main() -> None:
     p.add_argument("--no-autocast", action="store_true")
     p.add_argument("--nan-after", type=int)
     p.add_argument("--dict", action="store_true")
+    p.add_argument("--evaluate", action="store_true", help="give kt.batches an evaluation (time-to-accuracy)")
     args = p.parse_args()
 
     kt = Tuned.load()
@@ -45,11 +46,17 @@ def main() -> None:
     loss_fn = nn.CrossEntropyLoss()
     if args.raise_before:
         raise RuntimeError("the user's data set could not be opened")
+    def evaluate() -> float:
+        model.eval()
+        with torch.no_grad():
+            right = sum(int((model(x.to(kt.device)).argmax(1) == y.to(kt.device)).sum()) for x, y in val)
+        return right / 160
+
     steps = 0
     for epoch in range(args.epochs):
         if args.no_batches:
             break
-        for batch in kt.batches(loader):
+        for batch in kt.batches(loader, evaluate=evaluate if args.evaluate else None):
             x, y = (batch["pixels"], batch["label"]) if args.dict else batch
             if args.no_autocast:
                 loss = loss_fn(trained(x), y)
@@ -61,11 +68,8 @@ def main() -> None:
                 loss = loss * float("nan")
             kt.backward(loss, optimizer)
         print(f"epoch {epoch + 1} done", flush=True)
-    model.eval()
-    with torch.no_grad():
-        correct = sum(int((model(x.to(kt.device)).argmax(1) == y.to(kt.device)).sum()) for x, y in val)
     if not args.no_report:
-        kt.report(val_accuracy=correct / 160)
+        kt.report(val_accuracy=evaluate())
     print("stats " + json.dumps(kt.stats()), flush=True)
 
 
