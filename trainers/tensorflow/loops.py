@@ -12,6 +12,7 @@ import tensorflow as tf
 
 from trainers.common.production import Watchdog, log
 from trainers.common.protocol import GuardReading, Hooks, Schedule, WindowTimer
+from trainers.tensorflow.knobs import inner
 
 GUARD_METRIC = "first_nonfinite_step"
 
@@ -150,10 +151,11 @@ class CustomStep:
 
 
 class WatchdogCallback(keras.callbacks.Callback):
-    """Production's ``model.fit`` watched: each execution's samples are counted when the next
-    one begins (``on_train_batch_begin`` gets no logs, so Keras keeps dispatching batch-end
-    work asynchronously: nothing here syncs per step). The watchdog syncs at its own interval
-    by reading the NaN guard's variable (or the optimizer's step counter)."""
+    """Production's ``model.fit`` watched. An execution's samples are counted when the next one
+    begins (``on_train_batch_begin`` gets no logs, so Keras keeps dispatching its batch-end work
+    asynchronously: nothing here syncs per step), the epoch's last one when the epoch ends.
+    The watchdog syncs at its own interval by reading the NaN guard's variable (else the
+    optimizer's step counter)."""
 
     def __init__(self, watchdog: Watchdog, batch_size: int, guard: FirstNonFinite | None) -> None:
         super().__init__()
@@ -165,8 +167,8 @@ class WatchdogCallback(keras.callbacks.Callback):
         if self.guard is not None:
             if int(self.guard.first.numpy()) >= 0:
                 log.warning("the model's outputs became non-finite during the last watchdog interval")
-        elif self.model is not None and self.model.optimizer is not None:
-            self.model.optimizer.iterations.numpy()
+        else:
+            inner(self.model.optimizer).iterations.numpy()
 
     def on_train_begin(self, logs: dict | None = None) -> None:
         self.watchdog.resume()
@@ -180,13 +182,13 @@ class WatchdogCallback(keras.callbacks.Callback):
         self._begun = batch
 
     def _last_execution(self) -> None:
-        """The epoch's last execution, counted when training stops: at most steps_per_execution steps."""
-        if self._begun is None:
-            return
+        """The epoch's last execution. When the pipeline's length is unknown, Keras begins one
+        execution more than there are batches and stops at the missing data: that one trained
+        nothing. (There, with steps_per_execution > 1, a short last execution counts whole.)"""
         steps = self.params.get("steps") if self.params else None
-        execution = int(getattr(self.model, "steps_per_execution", 1) or 1)
-        last = min(execution, steps - self._begun) if steps else execution
-        self.watchdog.step(max(1, last) * self.batch_size)
+        if self._begun is not None and steps:
+            execution = int(getattr(self.model, "steps_per_execution", 1) or 1)
+            self.watchdog.step(max(0, min(execution, steps - self._begun)) * self.batch_size)
         self._begun = None
 
     def on_test_begin(self, logs: dict | None = None) -> None:
