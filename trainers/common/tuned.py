@@ -13,7 +13,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Callable, ClassVar
 
-from trainers.common import production
+from trainers.common import production, script
 from trainers.common.errors import WorkloadError
 from trainers.common.production import ConfigError, Watchdog, log
 from trainers.common.protocol import BurstRecord, BurstSpec, Schedule, WindowTimer
@@ -121,6 +121,9 @@ class TunedBase:
         log.info("report: " + ", ".join(f"{k}={v}" for k, v in {"val_accuracy": val_accuracy, **metrics}.items()
                                         if v is not None))
 
+    def close(self) -> None:
+        """Release what the trial holds (loader workers ...) once its result is taken."""
+
     def uncalled(self) -> dict[str, str]:
         """Knob -> why it was not applied, for each call of ``EXERCISED_BY`` the script never made."""
         out: dict[str, str] = {}
@@ -161,3 +164,29 @@ class TunedBase:
                 result["val_accuracy"] = trial.accuracy
             result["outcome"] = "ok"
         return result
+
+
+def run_request(request: dict[str, Any], role: str, for_request: Callable[[dict[str, Any], str], TunedBase],
+                train: Callable[[dict[str, Any]], None],
+                oom_reason: Callable[[BaseException, TunedBase], str | None]) -> dict[str, Any]:
+    """A trial child's result: the built-in loop (``train(request)``, over its workload) or the
+    request's ``script`` run with ``args``, both through the integration API that
+    ``for_request`` activates; measurements, knobs read back and accuracy, or an oom outcome.
+    Everything (the data, the model, training, evaluation) runs inside the out-of-memory handling."""
+    kt = for_request(request, role)
+    try:
+        if request.get("script"):
+            script.run(request["script"], list(request.get("args") or []))
+        else:
+            try:
+                train(request)
+            except ScriptDone:
+                pass
+        return kt.result()  # type: ignore[attr-defined]
+    except Exception as exc:
+        reason = oom_reason(exc, kt)
+        if reason is None:
+            raise
+        return {"outcome": "oom", "failure": reason}
+    finally:
+        kt.close()

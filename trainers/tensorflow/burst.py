@@ -13,8 +13,7 @@ from typing import Any
 import keras
 import numpy as np
 
-from trainers.common import script
-from trainers.common.script import ScriptDone
+from trainers.common.tuned import run_request
 from trainers.tensorflow.faults import oom_reason
 from trainers.tensorflow.tuned import Tuned, for_request
 from trainers.tensorflow.workload import Workload, load
@@ -54,21 +53,7 @@ def train(workload: Workload) -> None:
 
 def run(request: dict[str, Any], role: str = "trial") -> dict[str, Any]:
     """The request's result: the built-in loop over its workload, or its ``script`` run with
-    ``args``; measurements, knobs read back and accuracy, or an oom outcome. Everything (the
-    pipeline, the model, training, evaluation) runs inside the out-of-memory handling."""
-    kt = for_request(request, role)
-    try:
-        if request.get("script"):
-            script.run(request["script"], list(request.get("args") or []))
-        else:
-            workload = load(request["workload"], request.get("workload_options"))
-            try:
-                train(workload)
-            except ScriptDone:
-                pass
-        return kt.result()
-    except Exception as exc:
-        reason = oom_reason(exc)
-        if reason is None:
-            raise
-        return {"outcome": "oom", "failure": reason}
+    ``args`` (trainers.common.tuned.run_request); an out-of-memory failure is outcome oom."""
+    return run_request(request, role, for_request,
+                       lambda r: train(load(r["workload"], r.get("workload_options"))),
+                       lambda exc, kt: oom_reason(exc))
