@@ -31,7 +31,8 @@ def problems(knobs: dict[str, Any], hardware: dict[str, Any]) -> dict[str, str]:
     if policy not in POLICIES:
         out["mixed_precision"] = f"mixed_precision={policy!r}: expected one of {', '.join(POLICIES)}"
     elif policy == "mixed_float16" and not hardware.get("gpu"):
-        out["mixed_precision"] = "mixed_precision='mixed_float16' (with loss scaling) needs a GPU; this process has none"
+        out["mixed_precision"] = ("mixed_precision='mixed_float16' (with loss scaling) needs a GPU; this process "
+                                  "has none")
     elif policy == "mixed_bfloat16" and not hardware.get("bf16"):
         out["mixed_precision"] = "mixed_precision='mixed_bfloat16' is not supported by this GPU (before Ampere)"
     loop = knobs.get("loop", "fit")

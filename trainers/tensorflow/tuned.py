@@ -37,7 +37,8 @@ from trainers.common.script import ScriptDone
 from trainers.common.tuned import TRIAL_ROLES, Trial, TunedBase, export_knobs
 from trainers.tensorflow import env
 from trainers.tensorflow import knobs as K
-from trainers.tensorflow.data import build_pipeline, count_records, describe_pipeline, pipeline_knobs, read_ahead
+from trainers.tensorflow.data import (AUTOTUNE, build_pipeline, count_records, describe_pipeline, pipeline_knobs,
+                                      read_ahead)
 from trainers.tensorflow.loops import CustomStep, FirstNonFinite, FitTimer, WatchdogCallback, with_guard
 
 LOOP_WHY = ("the script trains through kt.fit (Keras model.fit); loop='custom' is knobtune's own @tf.function "
@@ -45,6 +46,8 @@ LOOP_WHY = ("the script trains through kt.fit (Keras model.fit); loop='custom' i
 # model.fit arguments a trial's burst decides itself (the script's own evaluation is off the clock)
 BURST_OWNS = ("epochs", "initial_epoch", "steps_per_epoch", "verbose", "shuffle", "validation_data",
               "validation_split", "validation_steps", "validation_freq", "validation_batch_size")
+
+PARALLELISM = ("cycle_length", "interleave_parallel_calls", "map_parallel_calls", "prefetch")
 
 _ACTIVE: "Tuned | None" = None  # the trial or probe this child process runs
 
@@ -159,10 +162,12 @@ class Tuned(TunedBase):
         [cache] -> map(``augment_fn``) -> shuffle -> batch -> [prefetch, last], with the knobs'
         batch size, parallelism, cache and prefetch. The script's own ``batch_size`` and pipeline
         settings (``cycle_length``, ``interleave_parallel_calls``, ``map_parallel_calls``,
-        ``prefetch``, ``deterministic``, ``cache``) apply where no knob is set. In a trial the
-        data repeats (the burst runs across epochs), the last partial batch is dropped and the
-        shuffle is seeded; in production each ``kt.fit`` epoch is one pass over the files.
-        ``train_size``: the records in ``files``, when known (else a trial counts them)."""
+        ``prefetch``: a number, 0 for none, or ``tf.data.AUTOTUNE``; ``deterministic``, ``cache``)
+        apply where no knob is set. In a trial the data repeats (the burst runs across epochs),
+        the last partial batch is dropped and the shuffle is seeded; in production each ``kt.fit``
+        epoch is one pass over the files. ``train_size``: the records in ``files``, when known
+        (else a trial counts them). Build the training data with it (the first call in a trial is
+        taken to be the training data the probe counted)."""
         self.used.add("dataset")
         unknown = sorted(set(pipeline) - set(K.PIPELINE_KNOBS))
         if unknown:
@@ -171,7 +176,10 @@ class Tuned(TunedBase):
         names = [os.fspath(files)] if isinstance(files, (str, os.PathLike)) else [os.fspath(f) for f in files]
         if not names:
             raise WorkloadError("kt.dataset(files, ...): expected TFRecord files, got none")
-        own = {**pipeline, **({"batch_size": int(batch_size)} if batch_size is not None else {})}
+        # tf.data.AUTOTUNE (-1) is the knobs' "autotune"
+        own = {k: AUTOTUNE if v == tf.data.AUTOTUNE and k in PARALLELISM else v for k, v in pipeline.items()}
+        if batch_size is not None:
+            own["batch_size"] = int(batch_size)
         settings = {**{k: K.DEFAULTS[k] for k in K.PIPELINE_KNOBS if k in K.DEFAULTS}, **own,
                     **{k: v for k, v in self.knobs.items() if k in self.explicit and k in K.PIPELINE_KNOBS}}
         if not settings.get("batch_size"):
@@ -247,8 +255,9 @@ class Tuned(TunedBase):
     def stats(self) -> dict[str, Any]:
         """Live figures: in production the watchdog's (last interval's and mean samples/s against
         the confirmed rate) and the knobs read back; in a trial the burst's measurement."""
-        if self.trial is not None and self.trial.record is not None:
-            return self.trial.record.measurement()
+        trial = self.trial
+        if trial is not None and (trial.record or trial.timer):
+            return (trial.record or trial.timer.record).measurement()  # type: ignore[union-attr]
         return {**self.watchdog.stats(), "knobs": self.knobs_effective()}
 
     # ----------------------------------------------------------------- internals
@@ -392,8 +401,9 @@ class Tuned(TunedBase):
         settings = {**made.settings, **{k: v for k, v in overrides.items() if k in K.PIPELINE_KNOBS}}
         ds = build_pipeline(made.files, made.parse_fn, made.augment_fn, settings, made.shuffle_buffer, made.seed,
                             repeat=True)
-        plain = make_schedule(self.trial.spec if self.trial else None, schedule.batch_size,  # type: ignore[arg-type]
-                              schedule.accumulation_steps, schedule.execution_steps, read_ahead=read_ahead(settings))
+        assert self.trial is not None
+        plain = make_schedule(self.trial.spec, schedule.batch_size, schedule.accumulation_steps,
+                              schedule.execution_steps, read_ahead=read_ahead(settings))
         iterator = iter(ds)
 
         def load_only(first: int, count: int) -> int:
@@ -448,7 +458,8 @@ class Tuned(TunedBase):
         out["mixed_precision"] = (model.dtype_policy.name if model is not None
                                   else keras.mixed_precision.global_policy().name)
         out["loop"] = "custom" if self.custom is not None else "fit"
-        out["intra_op_threads"] = self.knobs["intra_op_threads"] and tf.config.threading.get_intra_op_parallelism_threads()
+        threads = tf.config.threading.get_intra_op_parallelism_threads()
+        out["intra_op_threads"] = self.knobs["intra_op_threads"] and threads
         out["tf32"] = self.gpu and bool(tf.config.experimental.tensor_float_32_execution_enabled())  # none on a CPU
         for name in self.not_exercised():
             out.pop(name, None)
