@@ -158,7 +158,8 @@ class TunedBase:
             result.update(outcome="invalid", failure=stopped.format(done=trial.stopped_at, total=schedule.total_steps))
         elif trial.accuracy is None and trial.request.get("accuracy_required", True):
             result.update(outcome="invalid", failure="the script never reported its accuracy: call "
-                                                     "kt.report(val_accuracy=...) after training")
+                                                     "kt.report(val_accuracy=...) after training (or turn the "
+                                                     "accuracy guard off: [guard] accuracy = false)")
         else:
             if trial.accuracy is not None:
                 result["val_accuracy"] = trial.accuracy
