@@ -1,6 +1,7 @@
 """Shared helpers: the data cache, running the real CLI, writing study files."""
 from __future__ import annotations
 
+import json
 import os
 import subprocess
 import sys
@@ -86,3 +87,21 @@ timeout_s = 120
 [guard]
 baseline_runs = 1
 """
+
+
+def run_script(script: Path, *args: str, config: Path | None = None, cwd: Path,
+               extra_env: dict[str, str] | None = None) -> subprocess.CompletedProcess:
+    """A user's training script in production: a plain ``python script.py``, as a user runs it,
+    with the export at ``config`` as $KNOBTUNE_CONFIG (none: the script's own settings)."""
+    env = {k: v for k, v in os.environ.items() if k != "KNOBTUNE_CONFIG"}
+    if config is not None:
+        env["KNOBTUNE_CONFIG"] = str(config)
+    env.update(extra_env or {})
+    return subprocess.run([sys.executable, str(script), *args], cwd=cwd, env=env, capture_output=True,
+                          text=True, timeout=300)
+
+
+def printed_json(proc: subprocess.CompletedProcess, prefix: str) -> dict:
+    """The JSON a script printed last on a line starting with ``prefix``."""
+    line = [ln for ln in proc.stdout.splitlines() if ln.startswith(prefix)][-1]
+    return json.loads(line[len(prefix):])

@@ -132,9 +132,12 @@ def _calls(value: Any) -> int | None:
 
 
 def build_pipeline(files: Sequence[str], parse_fn: Callable, augment_fn: Callable | None, knobs: dict[str, Any],
-                   shuffle_buffer: int, seed: int) -> tf.data.Dataset:
+                   shuffle_buffer: int, seed: int | None, repeat: bool = True,
+                   drop_remainder: bool = True) -> tf.data.Dataset:
     """list_files -> interleave(TFRecordDataset) -> map(parse/decode) -> [cache] -> map(augment)
-    -> shuffle -> repeat -> batch -> [prefetch], every knob applied."""
+    -> [shuffle] -> [repeat] -> batch -> [prefetch], every knob applied. A trial's burst repeats
+    the data and drops the last partial batch (every step the same shape); production runs
+    epochs of the data as a script's own pipeline would. ``shuffle_buffer`` 0: no shuffle."""
     deterministic = bool(knobs["deterministic"])
 
     def parallel(calls: int | None) -> dict[str, Any]:
@@ -151,8 +154,11 @@ def build_pipeline(files: Sequence[str], parse_fn: Callable, augment_fn: Callabl
         ds = ds.cache()
     if augment_fn is not None:
         ds = ds.map(augment_fn, **parallel(map_calls))
-    ds = ds.shuffle(shuffle_buffer, seed=seed, reshuffle_each_iteration=True).repeat()
-    ds = ds.batch(int(knobs["batch_size"]), drop_remainder=True)
+    if shuffle_buffer:
+        ds = ds.shuffle(shuffle_buffer, seed=seed, reshuffle_each_iteration=True)
+    if repeat:
+        ds = ds.repeat()
+    ds = ds.batch(int(knobs["batch_size"]), drop_remainder=drop_remainder)
     prefetch = knobs["prefetch"]
     if prefetch:
         ds = ds.prefetch(_calls(prefetch))

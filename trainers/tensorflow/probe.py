@@ -1,15 +1,61 @@
-"""The probe: fingerprint, hardware and a description of the workload (prepares its data)."""
+"""The probe: fingerprint, hardware and a description of the workload (prepares its data), or
+of the user's script (run until its first ``kt.fit``)."""
 from __future__ import annotations
 
+from pathlib import Path
 from typing import Any
 
+import keras
+
+from trainers.common import script
 from trainers.common.child import probe_handler
 from trainers.tensorflow import env
 from trainers.tensorflow.data import count_records
+from trainers.tensorflow.tuned import for_request
 from trainers.tensorflow.workload import load
 
 
+def _conv(model: keras.Model) -> bool:
+    return any("conv" in type(layer).__name__.lower() for layer in model.layers)
+
+
+def _parameters(model: keras.Model) -> int:
+    try:
+        return int(model.count_params())
+    except ValueError:  # a subclassed model that was never built
+        return 0
+
+
+def describe_script(request: dict[str, Any]) -> dict[str, Any]:
+    """Run the script until its first ``kt.fit``: what it builds, and its own settings (the
+    batch size and pipeline settings it gives kt.dataset, the jit_compile, steps_per_execution
+    and accumulation it gives kt.compile: the baseline's values)."""
+    kt = for_request({**request, "knobs": {}}, role="probe")
+    script.run(request["script"], list(request.get("args") or []))
+    kt.result_check()
+    seen = kt.trial.description  # type: ignore[union-attr]
+    models = seen.get("models") or []
+    made = seen.get("made")
+    spec = seen["dataset"].element_spec
+    first = next(script.leaves(spec), None)
+    shape = getattr(first, "shape", None)
+    return {
+        "name": Path(request["script"]).name,
+        "parameters": sum(_parameters(m) for m in models),
+        "train_samples": made.records if made is not None else None,
+        "train_files": len(made.files) if made is not None else None,
+        "eval_samples": None,
+        "sample_shape": list(shape[1:]) if shape is not None and shape.rank else None,
+        "conv": any(_conv(m) for m in models),
+        "batch_size": seen.get("batch_size"),
+        "settings": dict(seen.get("settings") or {}),
+        "calls": sorted(kt.used),
+    }
+
+
 def describe(request: dict[str, Any]) -> dict[str, Any]:
+    if request.get("script"):
+        return describe_script(request)
     workload = load(request["workload"], request.get("workload_options"))
     records = count_records(workload.train_files)  # reads every file: a corrupt one is named here
     model = workload.build_model()
@@ -21,7 +67,7 @@ def describe(request: dict[str, Any]) -> dict[str, Any]:
         "train_files": len(workload.train_files),
         "eval_samples": int(len(inputs)),
         "sample_shape": list(inputs.shape[1:]),
-        "conv": any("conv" in type(layer).__name__.lower() for layer in model.layers),
+        "conv": _conv(model),
         "batch_size": workload.batch_size,
     }
 

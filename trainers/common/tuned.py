@@ -1,0 +1,193 @@
+"""The framework-free half of the integration API (``trainers/<framework>/tuned.py``): a trial's
+state inside its child, the production export loaded and checked, the accuracy report that ends
+a trial's script after its burst, the knobs a script never exercised, and the trial's outcome.
+
+Each framework's ``Tuned`` subclasses ``TunedBase`` and adds the calls that touch its framework
+(building the input pipeline, preparing the model, the measured loop).
+"""
+from __future__ import annotations
+
+import os
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Callable, ClassVar
+
+from trainers.common import production, script
+from trainers.common.errors import WorkloadError
+from trainers.common.production import ConfigError, Watchdog, log
+from trainers.common.protocol import BurstRecord, BurstSpec, Schedule, WindowTimer
+from trainers.common.script import ScriptDone
+
+TRIAL_ROLES = ("trial", "diagnose")
+
+
+@dataclass
+class Trial:
+    """A trial's state inside its child: the request, the burst's timer and what the script did."""
+
+    request: dict[str, Any]
+    spec: BurstSpec
+    loaded: bool = False
+    started: bool = False
+    completed: bool = False
+    stopped_at: int | None = None  # the script's training stopped early, after this many micro-batches
+    timer: WindowTimer | None = None
+    record: BurstRecord | None = None  # the burst's measurement (the timer's, or a driven loop's)
+    schedule: Schedule | None = None
+    data: Any = None  # what the burst trained on (a DataLoader, a tf.data.Dataset)
+    accuracy: float | None = None
+    metrics: dict[str, Any] = field(default_factory=dict)
+    setup_seconds: float | None = None
+    burst_end: float | None = None
+    eval_seconds: float | None = None
+    diagnosis: dict[str, Any] | None = None
+    description: dict[str, Any] = field(default_factory=dict)  # the probe's
+
+    @classmethod
+    def from_request(cls, request: dict[str, Any]) -> "Trial":
+        return cls(request, BurstSpec.from_dict(request.get("burst") or {}))
+
+    @property
+    def script(self) -> bool:
+        """Whether the trial runs the user's own script (else the built-in loop over a Workload)."""
+        return bool(self.request.get("script"))
+
+
+def export_knobs(path: str | os.PathLike[str] | None, framework: str, *, version_key: str,
+                 fingerprint: Callable[[], dict[str, Any]], defaults: dict[str, Any],
+                 problems: Callable[[dict[str, Any]], dict[str, str]], strict: bool
+                 ) -> tuple[Path, dict[str, Any], dict[str, Any]] | None:
+    """The export at ``path`` or ``$KNOBTUNE_CONFIG`` as (path, config, knobs), or None when
+    there is none. Checked: its format and framework (ConfigError); a different machine or
+    software is a warning naming the differences; knobs this version does not know are
+    ignored with a warning; a knob ``problems`` says this machine cannot apply falls back to
+    ``defaults`` with a warning, or raises ConfigError with ``strict``."""
+    chosen = production.config_path(path)
+    if chosen is None:
+        log.info(f"no config (${production.CONFIG_ENV} is not set): running with the script's own settings")
+        return None
+    config = production.read_export(chosen, framework)
+    differences = production.fingerprint_differences(config.get("fingerprint") or {}, fingerprint(), version_key)
+    if differences:
+        log.warning(f"{chosen} was measured on a different machine or software ({'; '.join(differences)}): "
+                    f"its speed may not hold here")
+    knobs = {k: v for k, v in config["knobs"].items() if k in defaults}
+    unknown = sorted(set(config["knobs"]) - set(defaults))
+    if unknown:
+        log.warning(f"{chosen}: knobs this version does not know are ignored: {', '.join(unknown)}")
+    for name, why in problems(knobs).items():
+        if strict:
+            raise ConfigError(f"{chosen}: {why} (strict=True refuses to fall back)")
+        log.warning(f"{chosen}: {why}; running with {name}={defaults[name]!r} instead")
+        knobs[name] = defaults[name]
+    shown = ", ".join(f"{k}={v}" for k, v in knobs.items() if v != defaults.get(k))
+    log.info(f"loaded {chosen}: trial #{config.get('trial')} of study {config.get('study')!r} ({shown})")
+    return chosen, config, knobs
+
+
+class TunedBase:
+    """What every framework's ``Tuned`` does alike. A subclass sets ``role``, ``trial``,
+    ``used`` (the API calls the script made), ``watchdog`` and ``created``, and names in
+    ``EXERCISED_BY`` the call that applies each knob, in ``START_HINT`` the call that starts
+    the burst."""
+
+    EXERCISED_BY: ClassVar[dict[str, tuple[tuple[str, ...], str]]] = {}
+    START_HINT: ClassVar[str] = ""
+
+    role: str
+    trial: Trial | None
+    used: set[str]
+    watchdog: Watchdog
+    created: float
+    accuracy: float | None = None
+
+    def report(self, val_accuracy: float | None = None, **metrics: Any) -> None:
+        """The script's held-out accuracy (in [0, 1]). In a trial, once the burst is over, this
+        ends the script: its remaining epochs are not run."""
+        if val_accuracy is not None:
+            value = float(val_accuracy)
+            if not 0.0 <= value <= 1.0:
+                raise WorkloadError(f"kt.report(val_accuracy={val_accuracy!r}): expected a fraction in [0, 1]")
+            self.accuracy = value
+        trial = self.trial
+        if trial is not None and self.role in TRIAL_ROLES:
+            trial.metrics.update(metrics)
+            if trial.started and trial.burst_end is not None:
+                trial.accuracy = self.accuracy
+                trial.eval_seconds = time.perf_counter() - trial.burst_end
+                raise ScriptDone
+            return
+        log.info("report: " + ", ".join(f"{k}={v}" for k, v in {"val_accuracy": val_accuracy, **metrics}.items()
+                                        if v is not None))
+
+    def close(self) -> None:
+        """Release what the trial holds (loader workers ...) once its result is taken."""
+
+    def uncalled(self) -> dict[str, str]:
+        """Knob -> why it was not applied, for each call of ``EXERCISED_BY`` the script never made."""
+        out: dict[str, str] = {}
+        for call, (names, why) in self.EXERCISED_BY.items():
+            if call not in self.used:
+                out.update({name: why for name in names})
+        return out
+
+    def result_check(self) -> Trial:
+        """The trial, once the script has loaded the API and started its burst."""
+        trial = self.trial
+        assert trial is not None
+        if not trial.loaded:
+            raise WorkloadError("the script never called Tuned.load(): knobtune cannot apply the trial's knobs")
+        if not trial.started:
+            raise WorkloadError(f"the script never started batches: {self.START_HINT}")
+        return trial
+
+    def judge(self, result: dict[str, Any], stopped: str) -> dict[str, Any]:
+        """``result`` with the trial's outcome: nan (with the step), invalid (the script left the
+        burst early: ``stopped`` says how, formatted with ``done`` and ``total`` micro-batches;
+        or it never reported its accuracy though the study needs it), else ok with the accuracy."""
+        trial = self.result_check()
+        record, schedule = trial.record, trial.schedule
+        assert record is not None and schedule is not None
+        if trial.eval_seconds is not None:
+            result["eval_seconds"] = trial.eval_seconds
+        if record.nan_step is not None:
+            result.update(outcome="nan", failure=f"loss became non-finite at step {record.nan_step} of "
+                                                 f"{schedule.total_steps}")
+        elif not trial.completed:
+            result.update(outcome="invalid", failure=stopped.format(done=trial.stopped_at, total=schedule.total_steps))
+        elif trial.accuracy is None and trial.request.get("accuracy_required", True):
+            result.update(outcome="invalid", failure="the script never reported its accuracy: call "
+                                                     "kt.report(val_accuracy=...) after training (or turn the "
+                                                     "accuracy guard off: [guard] accuracy = false)")
+        else:
+            if trial.accuracy is not None:
+                result["val_accuracy"] = trial.accuracy
+            result["outcome"] = "ok"
+        return result
+
+
+def run_request(request: dict[str, Any], role: str, for_request: Callable[[dict[str, Any], str], TunedBase],
+                train: Callable[[dict[str, Any]], None],
+                oom_reason: Callable[[BaseException, TunedBase], str | None]) -> dict[str, Any]:
+    """A trial child's result: the built-in loop (``train(request)``, over its workload) or the
+    request's ``script`` run with ``args``, both through the integration API that
+    ``for_request`` activates; measurements, knobs read back and accuracy, or an oom outcome.
+    Everything (the data, the model, training, evaluation) runs inside the out-of-memory handling."""
+    kt = for_request(request, role)
+    try:
+        if request.get("script"):
+            script.run(request["script"], list(request.get("args") or []))
+        else:
+            try:
+                train(request)
+            except ScriptDone:
+                pass
+        return kt.result()  # type: ignore[attr-defined]
+    except Exception as exc:
+        reason = oom_reason(exc, kt)
+        if reason is None:
+            raise
+        return {"outcome": "oom", "failure": reason}
+    finally:
+        kt.close()
