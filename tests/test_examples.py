@@ -25,11 +25,8 @@ def test_custom_workload_example_runs_from_the_repository_root(tmp_path: Path, s
 def test_own_loop_example_is_tuned_and_runs_its_winner_in_production(tmp_path: Path):
     """studies/own_loop_pytorch.py (the README's six-line change) tuned, exported, run in production."""
     import json
-    import os
-    import subprocess
-    import sys
 
-    from conftest import TINY_BURST, study_file
+    from conftest import TINY_BURST, printed_json, run_script, study_file
 
     script = ROOT / "studies" / "own_loop_pytorch.py"
     path = study_file(tmp_path, f"""
@@ -51,12 +48,11 @@ compile = ["off"]
     assert study.trials[0].user_attrs["knobs"]["batch_size"]["value"] == 64  # the script's own --batch-size
     knobtune("export", "own-example", "-o", "best.json", cwd=tmp_path, check=0)
     best = json.loads((tmp_path / "best.json").read_text())
-    env = {**os.environ, "KNOBTUNE_CONFIG": str(tmp_path / "best.json"), "KNOBTUNE_WATCHDOG_S": "0.05"}
-    proc = subprocess.run([sys.executable, str(script), "--epochs", "3"], cwd=tmp_path, env=env,
-                          capture_output=True, text=True, timeout=300)
+    proc = run_script(script, "--epochs", "3", config=tmp_path / "best.json", cwd=tmp_path,
+                      extra_env={"KNOBTUNE_WATCHDOG_S": "0.05"})
     assert proc.returncode == 0, proc.stderr
     assert proc.stdout.count("accuracy") == 3  # every epoch ran and was evaluated
-    stats = json.loads(proc.stdout.split("knobtune stats: ", 1)[1])
+    stats = printed_json(proc, "knobtune stats: ")
     for knob in ("batch_size", "num_workers", "amp", "intra_op_threads"):
         assert stats["knobs"][knob] == best["knobs"][knob], knob
     assert stats["intervals"] >= 2 and stats["mean_samples_per_second"] > 0

@@ -143,7 +143,7 @@ def test_a_tie_keeps_the_baseline(tmp_path: Path):
     confirmed = load(tmp_path, "tie").user_attrs["confirmed"]
     assert confirmed["winner"] == confirmed["baseline"] == 0, confirmed["paired"]
     assert "no configuration beat your current settings" in proc.stdout
-    export = knobtune("export", "tie", "-o", "best.json", cwd=tmp_path, check=0)
+    knobtune("export", "tie", "-o", "best.json", cwd=tmp_path, check=0)
     doc = json.loads((tmp_path / "best.json").read_text())
     assert doc["trial"] == 0 and doc["confirmed"]["baseline_won"] is True
 

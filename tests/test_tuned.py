@@ -4,7 +4,6 @@ input a user can give it."""
 from __future__ import annotations
 
 import json
-import os
 import subprocess
 import sys
 from pathlib import Path
@@ -12,7 +11,8 @@ from pathlib import Path
 import optuna
 import pytest
 
-from conftest import FAST, TINY_BURST, WORKLOADS, knobtune, study_file
+import conftest
+from conftest import FAST, TINY_BURST, WORKLOADS, knobtune, printed_json, study_file
 
 SCRIPT = WORKLOADS / "kt_script.py"
 
@@ -46,18 +46,12 @@ def load(tmp_path: Path) -> optuna.Study:
 
 def run_script(*args: str, config: Path | None = None, cwd: Path, extra_env: dict[str, str] | None = None
                ) -> subprocess.CompletedProcess:
-    """The script in production: a plain ``python script.py``, as a user runs it."""
-    env = {k: v for k, v in os.environ.items() if k != "KNOBTUNE_CONFIG"}
-    if config is not None:
-        env["KNOBTUNE_CONFIG"] = str(config)
-    env.update(extra_env or {})
-    return subprocess.run([sys.executable, str(SCRIPT), *args], cwd=cwd, env=env, capture_output=True,
-                          text=True, timeout=300)
+    """The test script in production: a plain ``python script.py``, as a user runs it."""
+    return conftest.run_script(SCRIPT, *args, config=config, cwd=cwd, extra_env=extra_env)
 
 
 def stats(proc: subprocess.CompletedProcess) -> dict:
-    line = [ln for ln in proc.stdout.splitlines() if ln.startswith("stats ")][-1]
-    return json.loads(line[len("stats "):])
+    return printed_json(proc, "stats ")
 
 
 def test_own_script_tuned_exported_and_run_in_production(tmp_path: Path):

@@ -8,9 +8,8 @@ from typing import Any
 import torch
 from torch.utils.data import DataLoader
 
-from trainers.common import script
 from trainers.common.errors import WorkloadError
-from trainers.common.script import ScriptDone
+from trainers.common.tuned import run_request
 from trainers.pytorch.faults import oom_reason
 from trainers.pytorch.tuned import Tuned, for_request, to_device
 from trainers.pytorch.workload import Workload, accuracy, load
@@ -74,23 +73,7 @@ def train(workload: Workload) -> None:
 
 def run(request: dict[str, Any], role: str = "trial") -> dict[str, Any]:
     """The request's result: the built-in loop over its workload, or its ``script`` run with
-    ``args``; measurements, knobs read back and accuracy, or an oom outcome. Everything (the
-    model's move to the device, training, evaluation) runs inside the out-of-memory handling."""
-    kt = for_request(request, role)
-    try:
-        if request.get("script"):
-            script.run(request["script"], list(request.get("args") or []))
-        else:
-            workload = load(request["workload"], request.get("workload_options"))
-            try:
-                train(workload)
-            except ScriptDone:
-                pass
-        return kt.result()
-    except Exception as exc:
-        reason = oom_reason(exc, kt.worker_exit_codes())
-        if reason is None:
-            raise
-        return {"outcome": "oom", "failure": reason}
-    finally:
-        kt.close()
+    ``args`` (trainers.common.tuned.run_request); an out-of-memory failure is outcome oom."""
+    return run_request(request, role, for_request,
+                       lambda r: train(load(r["workload"], r.get("workload_options"))),
+                       lambda exc, kt: oom_reason(exc, kt.worker_exit_codes()))  # type: ignore[attr-defined]

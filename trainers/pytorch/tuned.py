@@ -23,7 +23,6 @@ from __future__ import annotations
 import os
 import random
 import time
-from dataclasses import dataclass, field
 from typing import Any, Callable, ContextManager, Iterator
 
 import numpy as np
@@ -32,20 +31,14 @@ from torch.utils.data import DataLoader, IterableDataset
 
 from trainers.common import production
 from trainers.common.errors import InvalidKnobs, WorkloadError
-from trainers.common.production import ConfigError, Watchdog, WatchdogSettings, log
-from trainers.common.protocol import BurstSpec, GuardReading, Schedule, WindowTimer, drive, hooks_from, make_schedule
+from trainers.common.production import Watchdog, WatchdogSettings, log
+from trainers.common.protocol import GuardReading, Schedule, WindowTimer, drive, hooks_from, make_schedule
 from trainers.common.script import ScriptDone, batch_length
+from trainers.common.tuned import TRIAL_ROLES, Trial, TunedBase, export_knobs
 from trainers.pytorch import compiled
 from trainers.pytorch import knobs as K
 from trainers.pytorch.data import SeededSampler
 
-TRIAL_ROLES = ("trial", "diagnose")
-# the API call that applies each knob: a knob whose call the script never makes is not applied
-EXERCISED_BY = {
-    "dataloader": (K.LOADER_KNOBS, "the script's DataLoader is not built by kt.dataloader(...)"),
-    "prepare": (("compile", "channels_last"), "the script never calls kt.prepare(model)"),
-    "autocast": (("amp",), "the script never enters kt.autocast()"),
-}
 
 _ACTIVE: "Tuned | None" = None  # the trial or probe this child process runs
 
@@ -105,30 +98,15 @@ class LossGuard:
         return False, start + bad if end <= len(self.losses) else None, None
 
 
-@dataclass
-class Trial:
-    """A trial's state inside its child: the request, the burst's timer and what the script did."""
-
-    request: dict[str, Any]
-    spec: BurstSpec
-    loaded: bool = False
-    started: bool = False
-    completed: bool = False
-    stopped_at: int | None = None  # the script left kt.batches early, after this many micro-batches
-    timer: WindowTimer | None = None
-    schedule: Schedule | None = None
-    loader: DataLoader | None = None
-    accuracy: float | None = None
-    metrics: dict[str, Any] = field(default_factory=dict)
-    setup_seconds: float | None = None
-    burst_end: float | None = None
-    eval_seconds: float | None = None
-    diagnosis: dict[str, Any] | None = None
-    description: dict[str, Any] = field(default_factory=dict)  # the probe's
-
-
-class Tuned:
+class Tuned(TunedBase):
     """A script's handle on knobtune. Make it with ``Tuned.load()``."""
+
+    EXERCISED_BY = {
+        "dataloader": (K.LOADER_KNOBS, "the script's DataLoader is not built by kt.dataloader(...)"),
+        "prepare": (("compile", "channels_last"), "the script never calls kt.prepare(model)"),
+        "autocast": (("amp",), "the script never enters kt.autocast()"),
+    }
+    START_HINT = "does it iterate kt.batches(...)?"
 
     def __init__(self, knobs: dict[str, Any], *, role: str, explicit: set[str] | None = None,
                  trial: Trial | None = None, config: dict[str, Any] | None = None,
@@ -183,31 +161,16 @@ class Tuned:
             return _ACTIVE
         production.ensure_logging()
         settings = WatchdogSettings.from_env(watchdog_interval, watchdog_margin)
-        chosen = production.config_path(path)
-        if chosen is None:
-            log.info(f"no config (${production.CONFIG_ENV} is not set): running with the script's own settings")
-            return cls({}, role="default", settings=settings)
-        config = production.read_export(chosen, "pytorch")
+        device = torch.device("cuda" if torch.cuda.is_available() else "cpu")
         from trainers.pytorch import env
 
-        differences = production.fingerprint_differences(config.get("fingerprint") or {}, env.fingerprint(), "torch")
-        if differences:
-            log.warning(f"{chosen} was measured on a different machine or software ({'; '.join(differences)}): "
-                        f"its speed may not hold here")
-        known = {**K.DEFAULTS, "batch_size": None}
-        chosen_knobs = {k: v for k, v in config["knobs"].items() if k in known}
-        unknown = sorted(set(config["knobs"]) - set(known))
-        if unknown:
-            log.warning(f"{chosen}: knobs this version does not know are ignored: {', '.join(unknown)}")
-        device = torch.device("cuda" if torch.cuda.is_available() else "cpu")
-        for name, why in K.problems(chosen_knobs, device).items():
-            if strict:
-                raise ConfigError(f"{chosen}: {why} (strict=True refuses to fall back)")
-            log.warning(f"{chosen}: {why}; running with {name}={K.DEFAULTS[name]!r} instead")
-            chosen_knobs[name] = K.DEFAULTS[name]
-        shown = ", ".join(f"{k}={v}" for k, v in chosen_knobs.items() if v != known.get(k))
-        log.info(f"loaded {chosen}: trial #{config.get('trial')} of study {config.get('study')!r} ({shown})")
-        return cls(chosen_knobs, role="production", config=config, settings=settings, device=device)
+        loaded = export_knobs(path, "pytorch", version_key="torch", fingerprint=env.fingerprint,
+                              defaults={**K.DEFAULTS, "batch_size": None},
+                              problems=lambda knobs: K.problems(knobs, device), strict=strict)
+        if loaded is None:
+            return cls({}, role="default", settings=settings)
+        _, config, knobs = loaded
+        return cls(knobs, role="production", config=config, settings=settings, device=device)
 
     # ----------------------------------------------------------------- the calls a script makes
 
@@ -288,25 +251,6 @@ class Tuned:
             else:
                 optimizer.step()
             optimizer.zero_grad(set_to_none=True)
-
-    def report(self, val_accuracy: float | None = None, **metrics: Any) -> None:
-        """The script's held-out accuracy (in [0, 1]). In a trial, once the burst is over, this
-        ends the script: its remaining epochs are not run."""
-        if val_accuracy is not None:
-            value = float(val_accuracy)
-            if not 0.0 <= value <= 1.0:
-                raise WorkloadError(f"kt.report(val_accuracy={val_accuracy!r}): expected a fraction in [0, 1]")
-            self.accuracy = value
-        trial = self.trial
-        if trial is not None and self.role in TRIAL_ROLES:
-            trial.metrics.update(metrics)
-            if trial.started and trial.burst_end is not None:
-                trial.accuracy = self.accuracy
-                trial.eval_seconds = time.perf_counter() - trial.burst_end
-                raise ScriptDone
-            return
-        log.info("report: " + ", ".join(f"{k}={v}" for k, v in {"val_accuracy": val_accuracy, **metrics}.items()
-                                        if v is not None))
 
     def stats(self) -> dict[str, Any]:
         """Live figures: in production the watchdog's (last interval's and mean samples/s against
@@ -393,7 +337,7 @@ class Tuned:
             return  # the burst ran in the first pass; the script's other epochs are not trained
         trial.started = True
         trial.setup_seconds = time.perf_counter() - self.created
-        trial.loader = loader
+        trial.data = loader
         schedule = trial.schedule = self._schedule(loader)
         self.total_steps = schedule.total_steps
         self.guard = LossGuard(schedule.total_steps, self.device)
@@ -406,6 +350,7 @@ class Tuned:
                                "kt.batches(loader, evaluate=fn), fn() returning the held-out accuracy")
         hooks = hooks_from(trial.request, self._evaluator(evaluate) if evaluate else (lambda: 0.0))
         timer = trial.timer = WindowTimer(schedule, hooks=hooks, drained=self._drained)
+        trial.record = timer.record
         if self.device.type == "cuda":
             torch.cuda.reset_peak_memory_stats(self.device)
         for model, _ in self.models:
@@ -574,18 +519,18 @@ class Tuned:
         return [w.exitcode for w in workers if w.exitcode is not None] or list(self.ended_workers)
 
     def not_exercised(self) -> dict[str, str]:
-        """Knob -> why it was not applied: the script never made the call that applies it."""
-        out: dict[str, str] = {}
+        """Knob -> why it was not applied: the script never made the call that applies it (or
+        trained on a DataLoader it built itself)."""
+        out = self.uncalled()
         trial = self.trial
-        foreign = trial is not None and trial.loader is not None and id(trial.loader) not in self.made
-        for call, (names, why) in EXERCISED_BY.items():
-            if call not in self.used or (call == "dataloader" and foreign):
-                out.update({name: why for name in names})
+        if trial is not None and trial.data is not None and id(trial.data) not in self.made:
+            why = self.EXERCISED_BY["dataloader"]
+            out.update({name: why[1] for name in why[0]})
         return out
 
     def knobs_effective(self) -> dict[str, Any]:
         """Every knob as the framework objects report it (read back, not echoed from the request)."""
-        loader = self.trial.loader if self.trial and self.trial.loader is not None else self.last_loader
+        loader = self.trial.data if self.trial and self.trial.data is not None else self.last_loader
         models = [m for m, _ in self.models]
         report = self.compile_report()
         out: dict[str, Any] = {
@@ -607,16 +552,6 @@ class Tuned:
     def compile_report(self) -> dict[str, Any] | None:
         return compiled.report(self.knobs["compile"], self.replays) if self.knobs["compile"] != "off" else None
 
-    def result_check(self) -> Trial:
-        """The trial, once the script has loaded the API and started its batches."""
-        trial = self.trial
-        assert trial is not None
-        if not trial.loaded:
-            raise WorkloadError("the script never called Tuned.load(): knobtune cannot apply the trial's knobs")
-        if not trial.started:
-            raise WorkloadError("the script never started batches: does it iterate kt.batches(...)?")
-        return trial
-
     def result(self) -> dict[str, Any]:
         """The trial's result (what the child writes): measurements, knobs read back, accuracy,
         the outcome; or the probe's description, or the diagnosis."""
@@ -626,7 +561,7 @@ class Tuned:
         timer, schedule = trial.timer, trial.schedule
         assert timer is not None and schedule is not None
         record = timer.record
-        loader = trial.loader
+        loader = trial.data
         optimizer = self.optimizers[0] if self.optimizers else None
         compile_report = self.compile_report()
         result: dict[str, Any] = {
@@ -663,23 +598,8 @@ class Tuned:
         }
         if loader is not None and isinstance(loader, DataLoader):
             result["loader"] = K.loader_report(loader)
-        if trial.eval_seconds is not None:
-            result["eval_seconds"] = trial.eval_seconds
-        if record.nan_step is not None:
-            result.update(outcome="nan", failure=f"loss became non-finite at step {record.nan_step} of "
-                                                 f"{schedule.total_steps}")
-        elif not trial.completed:
-            result.update(outcome="invalid", failure=f"the script stopped iterating kt.batches(...) after "
-                                                     f"{trial.stopped_at} of the burst's {schedule.total_steps} "
-                                                     f"micro-batches (the burst continues across epochs by itself)")
-        elif trial.accuracy is None and trial.request.get("accuracy_required", True):
-            result.update(outcome="invalid", failure="the script never reported its accuracy: call "
-                                                     "kt.report(val_accuracy=...) after training (or turn the "
-                                                     "accuracy guard off: [guard] accuracy = false)")
-        else:
-            if trial.accuracy is not None:
-                result["val_accuracy"] = trial.accuracy
-            result["outcome"] = "ok"
+        self.judge(result, "the script stopped iterating kt.batches(...) after {done} of the burst's {total} "
+                           "micro-batches (the burst continues across epochs by itself)")
         result["peak_memory_mb"] = K.peak_memory_mb(self.device)
         return result
 
@@ -695,7 +615,7 @@ def _channels_last(batch: Any) -> Any:
 
 def for_request(request: dict[str, Any], role: str = "trial") -> Tuned:
     """The trial (or probe) a child runs: its knobs, and activated for ``Tuned.load()``."""
-    trial = Trial(request, BurstSpec.from_dict(request.get("burst") or {}))
+    trial = Trial.from_request(request)
     seed = trial.spec.seed  # the model's initial weights and dropout: the same for every trial
     random.seed(seed)
     np.random.seed(seed)
