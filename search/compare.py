@@ -61,7 +61,7 @@ def _side(study: optuna.Study) -> Side:
     base, best = results.baseline(study), results.best(study)
     if base is None or base.user_attrs.get("outcome") != "ok" or best is None:
         raise UserError(f"study {study.study_name!r} has no successful baseline and feasible best yet; run it first")
-    return Side(study, definition["study"]["framework"], definition["study"]["workload"], base, best)
+    return Side(study, definition["study"]["framework"], job(definition), base, best)
 
 
 def _machine(study: optuna.Study) -> dict[str, Any]:
@@ -71,10 +71,18 @@ def _machine(study: optuna.Study) -> dict[str, Any]:
     return machine
 
 
+def job(definition: dict[str, Any]) -> str:
+    """What a stored study definition trains: its workload, or its script and arguments."""
+    study = definition.get("study", {})
+    if study.get("script"):
+        return " ".join(["script", study["script"], *study.get("args", [])])
+    return study.get("workload", "")
+
+
 def check_comparable(a: optuna.Study, b: optuna.Study, force: bool) -> list[str]:
     """Refuse (UserError) studies of different workloads or machines unless ``force``; return notes."""
     sa, sb = a.user_attrs.get("definition", {}), b.user_attrs.get("definition", {})
-    wa, wb = sa.get("study", {}).get("workload"), sb.get("study", {}).get("workload")
+    wa, wb = job(sa), job(sb)
     problems = []
     if wa != wb:
         problems.append(f"{a.study_name!r} trains {wa!r} but {b.study_name!r} trains {wb!r}")

@@ -72,8 +72,9 @@ def choose_winner(runs: dict[str, list[dict[str, Any]]], base: int, challengers:
         figures = _paired(mine, theirs, minimize)
         ratios = figures.pop("ratios")
         faster = sum(r > 1 for r in ratios)
-        beats = bool(ratios) and figures["speedup"] >= 1 + min_speedup and faster * 2 > len(ratios)
-        paired[str(number)] = {**figures, "faster_rounds": faster, "rounds": len(ratios), "beats_baseline": beats}
+        # a round the challenger (or the baseline) failed counts as not faster
+        beats = bool(ratios) and figures["speedup"] >= 1 + min_speedup and faster * 2 > len(mine)
+        paired[str(number)] = {**figures, "faster_rounds": faster, "rounds": len(mine), "beats_baseline": beats}
         if beats:
             beaters.append(number)
     if not beaters:

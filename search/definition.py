@@ -93,15 +93,16 @@ class Definition:
         burst = dict(data["burst"])
         burst.pop("timeout_s")
         burst.pop("min_window_seconds")  # changes what is reported, not what is measured
+        guard = dict(data["guard"])
+        if guard.get("accuracy", True):  # the default: keys of studies made before it existed stay equal
+            guard.pop("accuracy", None)
         study = self.study
-        return {
+        key = {
             "framework": study.framework,
             "workload": study.workload,
-            "script": study.script,
-            "args": list(study.args),
             "workload_options": data["workload"],
             "burst": burst,
-            "guard": data["guard"],
+            "guard": guard,
             "baseline": data["baseline"],
             "space": data["space"],
             "effective_batch_size": self.effective_batch_size,
@@ -109,6 +110,9 @@ class Definition:
                           "eval_every_samples": study.eval_every_samples, "job_samples": study.job_samples,
                           "lr_scaling": study.lr_scaling},
         }
+        if study.script:  # only script studies have these (older studies' keys stay equal)
+            key.update(script=study.script, args=list(study.args))
+        return key
 
     def burst_windows(self) -> int:
         """Windows per burst: [burst] windows, or one per evaluation in time-to-accuracy mode."""

@@ -152,16 +152,17 @@ def measure_baseline(plan: Plan, resolved: dict[str, Resolved], tick: Callable[[
 
 def without_unexercised(plan: Plan, not_exercised: dict[str, str] | None) -> Plan:
     """``plan`` with the knobs the script never exercises no longer searched (their values
-    cannot make a difference); they keep their default and the reason."""
+    cannot make a difference): each keeps the baseline's value (so a derived figure such as
+    the learning-rate scale does not move), and trials record it as not applied, with the reason."""
     if not not_exercised:
         return plan
     offer = plan.offer
-    gone = {k: v for k, v in not_exercised.items() if k in offer.choices}
+    gone = [k for k in not_exercised if len(offer.choices.get(k, ())) > 1]
     if not gone:
         return plan
-    narrowed = replace(offer, choices={k: v for k, v in offer.choices.items() if k not in gone},
-                       unavailable={**offer.unavailable, **gone})
-    return replace(plan, offer=narrowed)
+    base = plan.space.defaults(plan.ctx, plan.definition.baseline)
+    choices = {k: ([base[k]] if k in gone else v) for k, v in offer.choices.items()}
+    return replace(plan, offer=replace(offer, choices=choices))
 
 
 def suggest(plan: Plan, trial: optuna.Trial) -> dict[str, Resolved]:

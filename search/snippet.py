@@ -65,7 +65,7 @@ def pytorch(knobs: dict[str, Any], doc: dict[str, Any]) -> str:
     if on("matmul_precision") and knobs["matmul_precision"] != "highest":
         out.append(f"torch.set_float32_matmul_precision({knobs['matmul_precision']!r})")
     workers = int(knobs.get("num_workers") or 0) if on("num_workers") else 0
-    args = [f"batch_size={int(knobs['batch_size'])}", "shuffle=True"]
+    args = ([f"batch_size={int(knobs['batch_size'])}"] if on("batch_size") else []) + ["shuffle=True"]
     if workers:
         args.append(f"num_workers={workers}")
         if on("prefetch_factor"):

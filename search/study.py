@@ -324,7 +324,7 @@ def _narrow(plan: Plan, not_exercised: dict[str, str] | None, err: TextIO | None
     """Stop searching the knobs the user's script never exercises (said once, on ``err``)."""
     narrowed = without_unexercised(plan, not_exercised)
     if err is not None and narrowed is not plan:
-        for name in sorted(set(plan.offer.choices) - set(narrowed.offer.choices)):
+        for name in sorted(k for k, v in plan.offer.choices.items() if len(v) > len(narrowed.offer.choices[k])):
             err.write(f"knobtune: {name} is not searched: {not_exercised[name]}\n")  # type: ignore[index]
     return narrowed
 

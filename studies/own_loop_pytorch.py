@@ -8,7 +8,7 @@ Six lines make knobtune able to tune it and to run the winner in production:
     for X, y in kt.batches(dataloader):             # 4: device copies, timing, the burst's end
         with kt.autocast():                         # 5: mixed precision
         kt.backward(loss, optimizer)                # 6: GradScaler, accumulation, NaN guard
-    kt.report(val_accuracy=accuracy)                # and the accuracy, after training
+    kt.report(val_accuracy=accuracy)                # and the accuracy, after each epoch's evaluation
 
 Tune it:      knobtune run studies/own-loop-pytorch.toml
 Run the winner:  knobtune export own-loop-pytorch -o best.json
@@ -76,12 +76,13 @@ def main() -> None:
     loss_fn = nn.CrossEntropyLoss()
     optimizer = torch.optim.Adam(model.parameters(), lr=args.lr)
 
-    accuracy = 0.0
     for epoch in range(args.epochs):
         train_loop(kt, train_loader, trained, loss_fn, optimizer)
         accuracy = test_loop(kt, test_loader, model)
         print(f"epoch {epoch + 1}: accuracy {accuracy:.3f}", flush=True)
-    kt.report(val_accuracy=accuracy)
+        # in a trial the first report after the burst ends the script (no more epochs, no more
+        # evaluations); in production it logs the accuracy and training goes on
+        kt.report(val_accuracy=accuracy)
     print("knobtune stats: " + json.dumps(kt.stats()), flush=True)
 
 

@@ -96,3 +96,17 @@ def test_probe_reports_the_gpu():
     fp = child.data["fingerprint"]
     assert fp["cuda_available"] is True and fp["gpus"] and fp["gpus"][0]["memory_mb"] > 0
     assert fp["cudnn_version"] and fp["hardware"]["fp16"] is True
+
+
+def test_without_a_config_the_scripts_own_cuda_settings_stay():
+    import os
+    import subprocess
+    import sys
+
+    code = ("import torch; torch.backends.cudnn.benchmark = True; torch.set_float32_matmul_precision('high'); "
+            "from trainers.pytorch import Tuned; Tuned.load(); "
+            "print(torch.backends.cudnn.benchmark, torch.get_float32_matmul_precision())")
+    proc = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120,
+                          env={**os.environ, "KNOBTUNE_CONFIG": ""})
+    assert proc.returncode == 0, proc.stderr
+    assert proc.stdout.split() == ["True", "high"]

@@ -174,6 +174,7 @@ def test_knobs_the_script_never_exercises_are_not_applied_nor_searched(tmp_path:
         if t.user_attrs.get("outcome") == "ok":
             assert t.user_attrs["knobs"]["amp"]["applied"] is False
             assert t.user_attrs["knobs"]["amp"]["why"] == "the script never enters kt.autocast()"
+            assert t.user_attrs["knobs"]["amp"]["value"] == "off"  # the baseline's value, not a searched one
     assert all("amp" not in t.params for t in study.trials[1:])
 
 
@@ -283,3 +284,18 @@ def test_time_to_accuracy_evaluates_between_windows_through_the_script():
     assert len(child.data["evaluations"]) < 10  # it stopped at the target
     child = run_child("pytorch", "burst", request, 120)
     assert child.outcome == "invalid" and "kt.batches(loader, evaluate=fn)" in child.failure
+
+
+def test_batches_of_namedtuples_and_mappings_move_and_count():
+    code = """
+from collections import UserDict, namedtuple
+import torch
+from trainers.pytorch.tuned import count, to_device
+Pair = namedtuple("Pair", "x y")
+moved = to_device(Pair(torch.zeros(4, 3), torch.ones(4)), torch.device("cpu"), False)
+encoding = UserDict({"input_ids": torch.zeros(5, 7, dtype=torch.long), "labels": torch.ones(5)})
+print(type(moved).__name__, count(moved), type(to_device(encoding, torch.device("cpu"), False)).__name__, count(encoding))
+"""
+    proc = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)
+    assert proc.returncode == 0, proc.stderr
+    assert proc.stdout.split() == ["Pair", "4", "UserDict", "5"]

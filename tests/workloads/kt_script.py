@@ -10,7 +10,7 @@ import json
 
 import torch
 from torch import nn
-from torch.utils.data import DataLoader, Dataset
+from torch.utils.data import Dataset
 
 from kt_test_workloads import DictDigits
 from trainers.common import digits
@@ -35,11 +35,12 @@ def main() -> None:
 
     kt = Tuned.load()
     files = digits.prepare()
+    # the evaluation loader first, and through the API: it must not become the baseline's loader
+    val = kt.dataloader(PngDigits(files.val[:160], augment=False), train=False, batch_size=64)
     train_set: Dataset = PngDigits(files.train[:320], augment=True)
     if args.dict:
         train_set = DictDigits(train_set)
     loader = kt.dataloader(train_set, shuffle=True, batch_size=args.batch_size, num_workers=args.workers)
-    val = DataLoader(PngDigits(files.val[:160], augment=False), batch_size=64)
     model = mlp()
     trained = kt.prepare(model)
     optimizer = torch.optim.Adam(model.parameters(), lr=1e-3)

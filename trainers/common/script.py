@@ -11,7 +11,7 @@ from __future__ import annotations
 import runpy
 import sys
 from pathlib import Path
-from typing import Any, Iterator
+from typing import Any, Iterator, Mapping
 
 from trainers.common.errors import WorkloadError
 
@@ -44,7 +44,7 @@ def run(path: str, args: list[str]) -> None:
 
 def leaves(batch: Any) -> Iterator[Any]:
     """The leaves of a batch (tuples, lists, dicts nested), depth first."""
-    if isinstance(batch, dict):
+    if isinstance(batch, Mapping):  # dicts, and Hugging Face's BatchEncoding (a UserDict)
         for value in batch.values():
             yield from leaves(value)
     elif isinstance(batch, (list, tuple)):

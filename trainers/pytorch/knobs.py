@@ -64,15 +64,22 @@ def problems(knobs: dict[str, Any], device: torch.device) -> dict[str, str]:
     return out
 
 
-def apply_process(knobs: dict[str, Any], device: torch.device) -> None:
-    """The process-wide settings: torch's threads, cuDNN flags, fp32 matmul precision."""
+def apply_process(knobs: dict[str, Any], device: torch.device, only: set[str] | None = None) -> None:
+    """The process-wide settings: torch's threads, cuDNN flags, fp32 matmul precision (``only``:
+    just these knobs; what a script set itself stays as it is for the others)."""
+    def wanted(name: str) -> bool:
+        return name in knobs and (only is None or name in only)
+
     threads = int(knobs.get("intra_op_threads", 0) or 0)
-    if threads > 0:
+    if wanted("intra_op_threads") and threads > 0:
         torch.set_num_threads(threads)
     if device.type == "cuda":
-        torch.backends.cudnn.benchmark = bool(knobs.get("cudnn_benchmark", False))
-        torch.backends.cudnn.deterministic = bool(knobs.get("cudnn_deterministic", False))
-        torch.set_float32_matmul_precision(knobs.get("matmul_precision", "highest"))
+        if wanted("cudnn_benchmark"):
+            torch.backends.cudnn.benchmark = bool(knobs["cudnn_benchmark"])
+        if wanted("cudnn_deterministic"):
+            torch.backends.cudnn.deterministic = bool(knobs["cudnn_deterministic"])
+        if wanted("matmul_precision"):
+            torch.set_float32_matmul_precision(knobs["matmul_precision"])
 
 
 def read_ahead(knobs: dict[str, Any]) -> int:
@@ -161,9 +168,11 @@ def fused(optimizer: torch.optim.Optimizer) -> torch.optim.Optimizer | None:
     options = {k: v for k, v in optimizer.defaults.items() if k in accepted}
     groups = [{**group, "fused": True, "foreach": None} for group in optimizer.param_groups]
     try:
-        return type(optimizer)(groups, **{**options, "fused": True, "foreach": None})
-    except (RuntimeError, ValueError, TypeError):
+        twin = type(optimizer)(groups, **{**options, "fused": True, "foreach": None})
+        twin.load_state_dict(optimizer.state_dict())  # momentum and the like, when training resumes
+    except (RuntimeError, ValueError, TypeError, KeyError):
         return None
+    return twin
 
 
 def per_step_sync(scaler: torch.amp.GradScaler, optimizer: torch.optim.Optimizer | None) -> str | None:

@@ -23,7 +23,7 @@ from __future__ import annotations
 import os
 import random
 import time
-from typing import Any, Callable, ContextManager, Iterator
+from typing import Any, Callable, ContextManager, Iterator, Mapping
 
 import numpy as np
 import torch
@@ -61,10 +61,16 @@ def count(batch: Any) -> int:
 def to_device(obj: Any, device: torch.device, non_blocking: bool) -> Any:
     if isinstance(obj, torch.Tensor):
         return obj.to(device, non_blocking=non_blocking)
-    if isinstance(obj, (list, tuple)) and not hasattr(obj, "_fields"):
+    if isinstance(obj, tuple) and hasattr(obj, "_fields"):  # a namedtuple
+        return type(obj)(*(to_device(o, device, non_blocking) for o in obj))
+    if isinstance(obj, (list, tuple)):
         return type(obj)(to_device(o, device, non_blocking) for o in obj)
-    if isinstance(obj, dict):
-        return type(obj)({k: to_device(v, device, non_blocking) for k, v in obj.items()})
+    if isinstance(obj, Mapping):
+        moved = {k: to_device(v, device, non_blocking) for k, v in obj.items()}
+        try:
+            return type(obj)(moved)
+        except TypeError:  # a mapping that cannot be built from a dict
+            return moved
     return obj
 
 
@@ -119,12 +125,15 @@ class Tuned(TunedBase):
         self.created = time.perf_counter()
         if role in TRIAL_ROLES:
             K.check(self.knobs, self.device)
-        K.apply_process(self.knobs, self.device)
+        # a trial sets every knob; production the export's; without a config the script's own
+        # settings (cuDNN flags, matmul precision, threads it set itself) stay as they are
+        K.apply_process(self.knobs, self.device, None if role in TRIAL_ROLES else self.explicit)
         self.accumulation = int(self.knobs["accumulation_steps"])
         self.scaler = torch.amp.GradScaler(self.device.type, enabled=self.knobs["amp"] == "fp16")
         self._autocast = K.autocast(self.knobs, self.device)
         self.used: set[str] = set()
-        self.made: dict[int, tuple[Any, dict[str, Any], bool]] = {}  # id(loader) -> dataset, arguments, shuffle
+        # id(loader) -> its dataset, other arguments, shuffle, and the script's own loader settings
+        self.made: dict[int, tuple[Any, dict[str, Any], bool, dict[str, Any]]] = {}
         self.models: list[tuple[torch.nn.Module, torch.nn.Module]] = []  # (model, module trained with)
         self.optimizers: list[torch.optim.Optimizer] = []
         self.fused_for_scaler = False
@@ -174,22 +183,23 @@ class Tuned(TunedBase):
 
     # ----------------------------------------------------------------- the calls a script makes
 
-    def dataloader(self, dataset: Any, *, shuffle: bool = False, **kwargs: Any) -> DataLoader:
-        """A DataLoader over ``dataset`` with the knobs' batch size, workers, prefetch, pinning and
-        persistence; the script's own arguments apply where no knob is set. In a trial the
-        order and augmentation stream do not depend on the workers, and the last partial batch
-        is dropped (every step the same shape)."""
+    def dataloader(self, dataset: Any, *, shuffle: bool = False, train: bool = True, **kwargs: Any) -> DataLoader:
+        """The training DataLoader over ``dataset``, with the knobs' batch size, workers,
+        prefetch, pinning and persistence; the script's own arguments apply where no knob is set
+        (and are its baseline). In a trial the order and augmentation stream do not depend on
+        the workers, and the last partial batch is dropped (every step the same shape).
+        ``train=False``: a plain DataLoader with the script's arguments (an evaluation loader:
+        the same batches whatever the trial)."""
+        if not train:
+            return DataLoader(dataset, shuffle=shuffle, **kwargs)
         self.used.add("dataloader")
         arguments = {k: v for k, v in kwargs.items() if k not in ("num_workers", "prefetch_factor",
                                                                       "persistent_workers", "pin_memory",
                                                                       "batch_size")}
         own = {k: kwargs[k] for k in K.LOADER_KNOBS if k in kwargs}
         settings = {**own, **{k: v for k, v in self.knobs.items() if k in self.explicit}}
-        if self.trial is not None and self.role == "probe":
-            self.trial.description.setdefault("settings", own)
-            self.trial.description.setdefault("dataset", dataset)
         loader = self._build(dataset, arguments, settings, shuffle)
-        self.made[id(loader)] = (dataset, arguments, shuffle)
+        self.made[id(loader)] = (dataset, arguments, shuffle, own)
         self.last_loader = loader
         return loader
 
@@ -207,7 +217,12 @@ class Tuned(TunedBase):
                 self.replays = compiled.ReplayCounter()
         if optimizer is None:
             return trained
-        if self.scaler.is_enabled() and not getattr(optimizer, "_step_supports_amp_scaling", False):
+        scheduled = getattr(optimizer.step, "_wrapped_by_lr_sched", False)  # a scheduler holds this object
+        if scheduled and self.scaler.is_enabled():
+            log.warning("kt.prepare(model, optimizer): a learning-rate scheduler already drives this optimizer, so "
+                        "it is not swapped for its fused twin (fp16 then syncs every step): call kt.prepare "
+                        "before creating the scheduler")
+        if self.scaler.is_enabled() and not scheduled and not getattr(optimizer, "_step_supports_amp_scaling", False):
             twin = K.fused(optimizer)
             if twin is not None:
                 optimizer, self.fused_for_scaler = twin, True
@@ -239,6 +254,12 @@ class Tuned(TunedBase):
             if self.lr_scale != 1.0:  # the learning rate the winner was measured with (lr_scaling)
                 for group in optimizer.param_groups:
                     group["lr"] = group["lr"] * self.lr_scale
+                    if "initial_lr" in group:  # a scheduler's base: LambdaLR and the like restart from it
+                        group["initial_lr"] = group["initial_lr"] * self.lr_scale
+                if getattr(optimizer.step, "_wrapped_by_lr_sched", False):
+                    log.warning(f"lr_scale {self.lr_scale:.4g}: a learning-rate scheduler created before the "
+                                f"first kt.backward keeps its own base learning rates; create it after, or scale "
+                                f"them yourself")
         i, k = self.step_index, self.accumulation
         if self.guarded and self.guard is not None:
             self.guard.record(i, loss)
@@ -246,7 +267,12 @@ class Tuned(TunedBase):
         if (i + 1) % k == 0 or (self.total_steps is not None and i + 1 == self.total_steps):
             if self.scaler.is_enabled():
                 self.scaler.step(optimizer)
-                self.found_inf.extend(self.scaler._found_inf_per_device(optimizer).values())
+                found = self.scaler._found_inf_per_device(optimizer).values()
+                if self.role in TRIAL_ROLES:  # read at the segment boundary
+                    self.found_inf.extend(found)
+                else:  # a long job: a running sum, not a list that grows every step
+                    for flag in found:
+                        self.skipped += flag
                 self.scaler.update()
             else:
                 optimizer.step()
@@ -292,7 +318,7 @@ class Tuned(TunedBase):
 
     def _rebuilt(self, loader: DataLoader, overrides: dict[str, Any]) -> DataLoader:
         """``loader`` again with other loader knobs (the diagnosis's input variants)."""
-        dataset, arguments, shuffle = self.made[id(loader)]
+        dataset, arguments, shuffle, _ = self.made[id(loader)]
         settings = {**{k: v for k, v in self.knobs.items() if k in self.explicit}, **overrides}
         return self._build(dataset, arguments, settings, shuffle)
 
@@ -454,6 +480,10 @@ class Tuned(TunedBase):
         self.trial.started = True
         description = self.trial.description
         description["loader_batch_size"] = getattr(loader, "batch_size", None)
+        # the loader the burst would train on: its dataset, and the settings the script gave it
+        made = self.made.get(id(loader))
+        description["dataset"] = made[0] if made else getattr(loader, "dataset", None)
+        description["settings"] = made[3] if made else {}
         description["models"] = [model for model, _ in self.models]
         raise ScriptDone
         yield  # pragma: no cover - makes this a generator
@@ -465,13 +495,14 @@ class Tuned(TunedBase):
         assert trial is not None
         variants = trial.request.get("input_variants") or {"as configured": {}}
         inputs = {}
+        threads_before = torch.get_num_threads()
         for label, overrides in variants.items():
             threads = overrides.get("intra_op_threads")
             if threads:
                 torch.set_num_threads(int(threads))
             variant = self._rebuilt(loader, overrides) if id(loader) in self.made and overrides else loader
             inputs[label] = self._input_ceiling(variant)
-            K.apply_process(self.knobs, self.device)
+            torch.set_num_threads(threads_before)  # the compute ceiling runs with the trial's threads
         batch = next(self._endless(loader, 1))
         self.iterator = None
         plain = self._schedule(loader, read_ahead=False)
