@@ -6,6 +6,7 @@ from __future__ import annotations
 import os
 import re
 import sqlite3
+import time
 from pathlib import Path
 
 from search.errors import UserError
@@ -51,9 +52,26 @@ def _prepare_sqlite(url: str) -> None:
         raise UserError(f"storage {url}: directory {path.parent} does not exist{hint}")
     try:
         with sqlite3.connect(path, timeout=SQLITE_TIMEOUT_S) as conn:
-            conn.execute("PRAGMA journal_mode=WAL")  # persists in the file; readers no longer block the writer
+            _wal(conn)
     except sqlite3.DatabaseError as exc:
         raise UserError(f"storage {url}: {path} is not a usable SQLite database ({exc})") from None
+
+
+def _wal(conn: sqlite3.Connection, attempts: int = 40, pause_s: float = 0.25) -> None:
+    """Switch the file to a WAL journal (it persists in the file; readers then no longer block
+    the writer). The switch needs the file to itself, and SQLite does not wait for that: while
+    another process has it open (the dashboard, a second run creating the schema), retry for a
+    while, then go on without it (the engine's connections wait on locks anyway)."""
+    if str(conn.execute("PRAGMA journal_mode").fetchone()[0]).lower() == "wal":
+        return
+    for _ in range(attempts):
+        try:
+            conn.execute("PRAGMA journal_mode=WAL")
+            return
+        except sqlite3.OperationalError as exc:
+            if "locked" not in str(exc) and "busy" not in str(exc):
+                raise
+            time.sleep(pause_s)
 
 
 def open_storage(url: str):

@@ -3,6 +3,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import signal
 import socket
 import subprocess
@@ -171,28 +172,25 @@ def test_resume_continues_to_the_requested_trials(tmp_path: Path):
 def test_ctrl_c_stops_cleanly_and_keeps_finished_trials(tmp_path: Path):
     body = STUDY.format(burst=TINY_BURST.replace("timeout_s = 120", "timeout_s = 600"))
     path = study_file(tmp_path, body.replace("trials = 3", "trials = 6"))
-    log = (tmp_path / "stderr.txt").open("w+")
-    proc = subprocess.Popen([sys.executable, "-m", "search.cli", "run", str(path), *FAST], cwd=tmp_path,
-                            stdout=subprocess.PIPE, stderr=log, text=True)
+    log = tmp_path / "stderr.txt"
+    with open(log, "a") as stream:  # append mode: our reads never move where the run writes
+        proc = subprocess.Popen([sys.executable, "-m", "search.cli", "run", str(path), *FAST], cwd=tmp_path,
+                                stdout=subprocess.DEVNULL, stderr=stream, text=True)
     storage = f"sqlite:///{tmp_path / 'knobtune.db'}"
     child_pgid = None
     deadline = time.monotonic() + 480
     try:
-        # wait until one trial has finished and the next one's child (with its group) runs
+        # wait until one trial has finished (its line is on stderr) and the next one's child runs;
+        # the storage is not polled: a second process opening the file as the run creates it races it
         while time.monotonic() < deadline and child_pgid is None and proc.poll() is None:
             time.sleep(0.3)
-            try:
-                study = optuna.load_study(study_name="tiny", storage=storage)
-            except Exception:
-                continue
-            states = [t.state for t in study.get_trials(deepcopy=False)]
-            if any(s.is_finished() for s in states) and optuna.trial.TrialState.RUNNING in states:
+            if re.search(r"^trial #\d+ ", log_text(log), re.M):
                 kids = burst_children(proc.pid)
                 if kids:
                     child_pgid = os.getpgid(kids[0].pid)
         assert child_pgid is not None, f"no running trial seen (exit {proc.poll()}):\n{log_text(log)}"
         proc.send_signal(signal.SIGINT)
-        proc.communicate(timeout=60)
+        proc.wait(timeout=60)
     finally:
         if proc.poll() is None:
             proc.kill()
@@ -211,10 +209,8 @@ def test_ctrl_c_stops_cleanly_and_keeps_finished_trials(tmp_path: Path):
     assert f"resuming, {len(done)} trials done" in proc2.stderr
 
 
-def log_text(log) -> str:
-    log.flush()
-    log.seek(0)
-    return log.read()
+def log_text(log: Path) -> str:
+    return log.read_text(errors="replace")
 
 
 def burst_children(pid: int) -> list[psutil.Process]:

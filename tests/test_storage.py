@@ -51,3 +51,25 @@ def test_cli_unreachable_storage_exit_2_no_password(tmp_path: Path):
     proc = knobtune("export", "x", "--storage", "postgresql://bob:hunter2@127.0.0.1:9/kt", cwd=tmp_path, check=2)
     assert "hunter2" not in proc.stderr + proc.stdout
     assert len(proc.stderr.strip().splitlines()) == 1 and "bob:***@" in proc.stderr
+
+
+def test_opening_while_another_process_reads_the_file_waits_for_wal(tmp_path: Path):
+    # the dashboard (or a test) reading the file as `knobtune run` starts: the switch to WAL needs
+    # the file to itself, so the run retries until the reader is gone instead of failing
+    import threading
+
+    path = tmp_path / "busy.db"
+    with sqlite3.connect(path) as conn:
+        conn.execute("CREATE TABLE t (x)")
+    reader = sqlite3.connect(path, check_same_thread=False)
+    reader.execute("BEGIN")
+    reader.execute("SELECT * FROM t").fetchall()  # a shared lock held
+    release = threading.Timer(1.0, reader.rollback)
+    release.start()
+    try:
+        open_storage(f"sqlite:///{path}")
+    finally:
+        release.join()
+        reader.close()
+    with sqlite3.connect(path) as conn:
+        assert conn.execute("PRAGMA journal_mode").fetchone()[0] == "wal"
