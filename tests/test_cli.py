@@ -174,8 +174,11 @@ def test_ctrl_c_stops_cleanly_and_keeps_finished_trials(tmp_path: Path):
     path = study_file(tmp_path, body.replace("trials = 3", "trials = 6"))
     log = tmp_path / "stderr.txt"
     with open(log, "a") as stream:  # append mode: our reads never move where the run writes
+        # SIGINT as at a terminal: a suite started in the background (CI, `make test &`) inherits it
+        # ignored, and Python then installs no KeyboardInterrupt handler in the run
         proc = subprocess.Popen([sys.executable, "-m", "search.cli", "run", str(path), *FAST], cwd=tmp_path,
-                                stdout=subprocess.DEVNULL, stderr=stream, text=True)
+                                stdout=subprocess.DEVNULL, stderr=stream, text=True,
+                                preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_DFL))
     storage = f"sqlite:///{tmp_path / 'knobtune.db'}"
     child_pgid = None
     deadline = time.monotonic() + 480
