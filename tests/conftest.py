@@ -105,3 +105,17 @@ def printed_json(proc: subprocess.CompletedProcess, prefix: str) -> dict:
     """The JSON a script printed last on a line starting with ``prefix``."""
     line = [ln for ln in proc.stdout.splitlines() if ln.startswith(prefix)][-1]
     return json.loads(line[len(prefix):])
+
+
+def script_study(directory: Path, template: str, script: Path, args: list[str] | None = None,
+                 trials: int = 3) -> Path:
+    """A study file for a user's ``script``: ``template`` with {script}, {args}, {trials}, {burst}."""
+    return study_file(directory, template.format(script=script, args=json.dumps(args or []), trials=trials,
+                                                 burst=TINY_BURST))
+
+
+def stored(directory: Path, name: str):
+    """The study ``name`` in ``directory``'s knobtune.db."""
+    import optuna
+
+    return optuna.load_study(study_name=name, storage=f"sqlite:///{directory / 'knobtune.db'}")

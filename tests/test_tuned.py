@@ -6,13 +6,14 @@ from __future__ import annotations
 import json
 import subprocess
 import sys
+from functools import partial
 from pathlib import Path
 
 import optuna
 import pytest
 
 import conftest
-from conftest import FAST, TINY_BURST, WORKLOADS, knobtune, printed_json, study_file
+from conftest import FAST, WORKLOADS, knobtune, printed_json, script_study, stored
 
 SCRIPT = WORKLOADS / "kt_script.py"
 
@@ -36,22 +37,15 @@ intra_op_threads = [0, 1]
 
 
 def own_study(tmp_path: Path, args: list[str] | None = None, trials: int = 3, script: Path = SCRIPT) -> Path:
-    return study_file(tmp_path, STUDY.format(script=script, args=json.dumps(args or []), trials=trials,
-                                             burst=TINY_BURST))
+    return script_study(tmp_path, STUDY, script, args, trials)
 
 
 def load(tmp_path: Path) -> optuna.Study:
-    return optuna.load_study(study_name="own", storage=f"sqlite:///{tmp_path / 'knobtune.db'}")
+    return stored(tmp_path, "own")
 
 
-def run_script(*args: str, config: Path | None = None, cwd: Path, extra_env: dict[str, str] | None = None
-               ) -> subprocess.CompletedProcess:
-    """The test script in production: a plain ``python script.py``, as a user runs it."""
-    return conftest.run_script(SCRIPT, *args, config=config, cwd=cwd, extra_env=extra_env)
-
-
-def stats(proc: subprocess.CompletedProcess) -> dict:
-    return printed_json(proc, "stats ")
+run_script = partial(conftest.run_script, SCRIPT)  # the script in production, as a user runs it
+stats = partial(printed_json, prefix="stats ")
 
 
 def test_own_script_tuned_exported_and_run_in_production(tmp_path: Path):
