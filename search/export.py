@@ -1,6 +1,7 @@
 """``knobtune export``: a study's winner in the versioned ``knobtune.best/1`` format."""
 from __future__ import annotations
 
+import statistics
 from datetime import datetime, timezone
 from typing import Any
 
@@ -53,6 +54,7 @@ def best_config(study: optuna.Study, pick: str | None = None) -> dict[str, Any]:
             "mean_accuracy": (confirmed.get("mean_accuracies") or {}).get(str(best.number)),
             "accuracy_floor": confirmed.get("accuracy_floor"),
             "unit": "seconds to target" if confirmed.get("minimize") else "samples/s",
+            **_round_rates(confirmed, best.number),
         }
     return {
         "format": FORMAT,
@@ -90,3 +92,14 @@ def best_config(study: optuna.Study, pick: str | None = None) -> dict[str, Any]:
         "fingerprint": study.user_attrs.get("fingerprint", {}),
         "created": datetime.now(timezone.utc).isoformat(timespec="seconds"),
     }
+
+
+def _round_rates(confirmed: dict[str, Any], number: int) -> dict[str, Any]:
+    """The winner's steady-state samples/s over its confirmation rounds (median and range): what
+    production's watchdog expects, whatever the objective's unit (seconds to target, or an effective
+    rate under ``job_samples``), and the spread that tells production's figure from the machine's noise."""
+    rates = [e["samples_per_second"] for e in (confirmed.get("runs") or {}).get(str(number), [])
+             if e.get("outcome") == "ok" and e.get("samples_per_second")]
+    if not rates:
+        return {}
+    return {"samples_per_second": statistics.median(rates), "samples_per_second_range": [min(rates), max(rates)]}

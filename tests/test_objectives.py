@@ -186,6 +186,10 @@ def test_confirmation_interleaves_and_export_follows_the_confirmed_winner(tmp_pa
     doc = json.loads((tmp_path / "best.json").read_text())
     assert doc["trial"] == winner and doc["confirmed"]["rounds"] == 3
     assert doc["confirmed"]["baseline_won"] == (winner == 0)
+    # production's watchdog target: the winner's own samples/s over its rounds, with their spread
+    rates = [run["samples_per_second"] for run in confirmed["runs"][str(winner)]]
+    assert doc["confirmed"]["samples_per_second"] == pytest.approx(statistics.median(rates))
+    assert doc["confirmed"]["samples_per_second_range"] == pytest.approx([min(rates), max(rates)])
     assert ("confirmed winner" if winner else "no candidate beat it") in export.stderr
     assert all(t.user_attrs.get("noisy") for t in study.trials if t.user_attrs.get("outcome") == "ok")
     # the final accuracy verdict uses every baseline accuracy measured: its run and the 3 rounds

@@ -267,6 +267,54 @@ def test_watchdog_judges_sustained_intervals_only():
         log.setLevel(level)
 
 
+def test_watchdog_leaves_out_intervals_that_recompiled():
+    from trainers.common.production import Watchdog, WatchdogSettings
+
+    now, graphs = [0.0], [0]
+    dog = Watchdog(96.0, WatchdogSettings(interval_s=1.0, margin=0.2, patience=1), lambda: None,
+                   clock=lambda: now[0], compilations=lambda: graphs[0])
+
+    def run(rate: float, seconds: float, compile_at: int | None = None) -> None:
+        for i in range(int(seconds * 8)):
+            now[0] += 0.125
+            if i == compile_at:
+                graphs[0] += 1
+            dog.step(int(rate / 8))
+
+    dog.resume()
+    run(8, 1.0, compile_at=0)   # warm-up
+    run(96, 1.0)
+    run(8, 1.0, compile_at=3)   # a recompilation stalls this interval: reported, not judged
+    run(96, 1.0)
+    stats = dog.stats()
+    assert stats["intervals"] == 4 and stats["judged_intervals"] == 2 and stats["compiling_intervals"] == 1
+    assert stats["mean_samples_per_second"] == pytest.approx(96) and not stats["warned"]
+    assert stats["samples_per_second"] == pytest.approx(96)
+    dog.pause()
+    graphs[0] += 1              # compiled off the clock (the script's evaluation): not held against training
+    dog.resume()
+    run(96, 1.0)
+    assert dog.stats()["compiling_intervals"] == 1 and dog.stats()["judged_intervals"] == 3
+    run(48, 1.0)                # a slow interval with no compilation is judged
+    assert dog.stats()["warned"]
+
+
+def test_compilations_counts_dynamo_graphs_recompilations_included():
+    code = """
+import sys, torch
+from trainers.pytorch.compiled import compilations
+assert compilations() == 0 and "torch._dynamo.utils" not in sys.modules  # reading it imports nothing
+f = torch.compile(lambda x: x * 2 + 1, backend="eager", dynamic=False)
+f(torch.ones(3)); f(torch.ones(3))
+print(compilations())
+f(torch.ones(5))  # a new shape: a second graph
+print(compilations())
+"""
+    proc = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)
+    assert proc.returncode == 0, proc.stderr
+    assert proc.stdout.split() == ["1", "2"]
+
+
 def test_time_to_accuracy_evaluates_between_windows_through_the_script():
     from search.runner import run_child
 

@@ -89,11 +89,14 @@ def fingerprint_differences(recorded: dict[str, Any], current: dict[str, Any], v
 
 
 def expected_rate(config: dict[str, Any]) -> float | None:
-    """The samples/s production should reach: the confirmed median where the search confirmed
-    its winner, else the winning trial's figure."""
+    """The samples/s production should reach: the winner's median over its confirmation rounds
+    where the search confirmed it, else the winning trial's figure. (The confirmed ``median`` is
+    the objective's value, which is not samples/s under ``job_samples`` or time-to-accuracy.)"""
     confirmed = config.get("confirmed") or {}
+    if confirmed.get("samples_per_second"):
+        return float(confirmed["samples_per_second"])
     if confirmed.get("median") and confirmed.get("unit", "samples/s") == "samples/s":
-        return float(confirmed["median"])
+        return float(confirmed["median"])  # an export written before the rounds' rates were kept
     rate = (config.get("metrics") or {}).get("samples_per_second")
     return float(rate) if rate else None
 
@@ -131,16 +134,22 @@ class Watchdog:
 
     ``resume()`` when a pass over the data starts, ``step(samples)`` after each micro-batch (a
     host clock read), ``pause()`` when the pass ends: time outside the passes (the script's own
-    evaluation) is not counted.
+    evaluation) is not counted. ``compilations()`` (optional) counts the graphs the framework has
+    compiled so far: an interval in which it grew (a recompilation: a new input shape, a guard
+    that failed) is reported but neither judged nor part of the mean, like the first interval.
     """
 
     def __init__(self, expected: float | None, settings: WatchdogSettings, sync: Callable[[], None],
-                 clock: Callable[[], float] = time.perf_counter) -> None:
+                 clock: Callable[[], float] = time.perf_counter,
+                 compilations: Callable[[], int] | None = None) -> None:
         self.expected, self.settings, self.sync, self.clock = expected, settings, sync, clock
+        self.compilations = compilations or (lambda: 0)
         self.samples = 0          # counted in the current interval
         self.seconds = 0.0        # measured in the current interval before the last resume
         self.mark: float | None = None
-        self.intervals: list[tuple[int, float]] = []  # (samples, seconds) per closed interval
+        self.intervals: list[tuple[int, float, bool]] = []  # (samples, seconds, judged) per closed interval
+        self.compiled = 0         # the compilation count at the current interval's last look
+        self.compiling = False    # the current interval's clocked time included a compilation
         self.below = 0            # judged intervals in a row under the threshold
         self.warned = False
         self.total_samples = 0
@@ -150,6 +159,7 @@ class Watchdog:
         return self.expected * (1 - self.settings.margin) if self.expected else None
 
     def resume(self) -> None:
+        self.compiled = self.compilations()  # what compiled while paused was not on the clock
         self.mark = self.clock()
 
     def pause(self) -> None:
@@ -157,6 +167,7 @@ class Watchdog:
             self.sync()
             self.seconds += self.clock() - self.mark
             self.mark = None
+            self._look()
 
     def step(self, samples: int) -> None:
         self.samples += samples
@@ -164,17 +175,24 @@ class Watchdog:
         if self.mark is not None and self.seconds + self.clock() - self.mark >= self.settings.interval_s:
             self._close()
 
+    def _look(self) -> None:
+        count = self.compilations()
+        self.compiling = self.compiling or count != self.compiled
+        self.compiled = count
+
     def _close(self) -> None:
         self.sync()
         now = self.clock()
+        self._look()
         seconds = self.seconds + now - (self.mark if self.mark is not None else now)
-        self.intervals.append((self.samples, seconds))
-        self.samples, self.seconds, self.mark = 0, 0.0, now
+        judged = bool(self.intervals) and not self.compiling  # the first: compilation, worker start-up
+        self.intervals.append((self.samples, seconds, judged))
+        self.samples, self.seconds, self.mark, self.compiling = 0, 0.0, now, False
         rate = self.intervals[-1][0] / seconds if seconds > 0 else 0.0
-        if len(self.intervals) == 1:
-            return  # warm-up: compilation and worker start-up, not judged
+        if not judged:
+            return
         expected = f" (confirmed {self.expected:,.0f})" if self.expected else ""
-        if len(self.intervals) == 2:
+        if sum(j for _, _, j in self.intervals) == 1:
             log.info(f"watchdog: {rate:,.0f} samples/s{expected}")
         threshold = self.threshold
         if threshold is None:
@@ -194,12 +212,13 @@ class Watchdog:
             self.below, self.warned = 0, False
 
     def stats(self) -> dict[str, Any]:
-        """The live figures: the last interval's rate and the rate since warm-up."""
-        judged = self.intervals[1:]
-        samples, seconds = sum(s for s, _ in judged), sum(t for _, t in judged)
+        """The live figures: the last interval's rate and the rate over the judged intervals (after
+        warm-up, without the ones that recompiled)."""
+        judged = [(n, t) for n, t, j in self.intervals if j]
+        samples, seconds = sum(n for n, _ in judged), sum(t for _, t in judged)
         last = self.intervals[-1] if self.intervals else None
         open_seconds = self.seconds + (self.clock() - self.mark if self.mark is not None else 0.0)
-        measured = sum(t for _, t in self.intervals) + open_seconds
+        measured = sum(t for _, t, _ in self.intervals) + open_seconds
         return {
             # everything since the first batch, warm-up included, without a sync: a live estimate
             "overall_samples_per_second": self.total_samples / measured if measured > 0 else None,
@@ -208,6 +227,8 @@ class Watchdog:
             "expected_samples_per_second": self.expected,
             "ratio": (samples / seconds) / self.expected if seconds > 0 and self.expected else None,
             "intervals": len(self.intervals),
+            "judged_intervals": len(judged),
+            "compiling_intervals": sum(not j for _, _, j in self.intervals[1:]),
             "interval_s": self.settings.interval_s,
             "below_threshold": self.below > 0,
             "warned": self.warned,

@@ -3,6 +3,7 @@ counters: graphs, graph breaks (with reasons), recompilations, a fall-back to ea
 graphs skipped or replayed."""
 from __future__ import annotations
 
+import sys
 from typing import Any
 
 import torch
@@ -28,6 +29,13 @@ class ReplayCounter:
             return original(self, *args, **kwargs)
 
         manager.execute_node = execute_node  # type: ignore[method-assign]  (this child process only)
+
+
+def compilations() -> int:
+    """Graphs dynamo has compiled in this process so far, recompilations included (0 while
+    torch.compile has not been imported: reading this never imports it)."""
+    utils = sys.modules.get("torch._dynamo.utils")
+    return int(utils.counters["stats"].get("unique_graphs", 0)) if utils is not None else 0
 
 
 def _recompiles(frames: dict[str, int], resumes: dict[str, int]) -> int:

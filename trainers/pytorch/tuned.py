@@ -152,7 +152,8 @@ class Tuned(TunedBase):
         self.guarded = not trial or bool(trial.request.get("guard", True))
         self.lr_scale = float((trial.request if trial else config or {}).get("lr_scale") or 1.0)
         expected = production.expected_rate(config) if config else None
-        self.watchdog = Watchdog(expected, settings or WatchdogSettings(), self._watch)
+        self.watchdog = Watchdog(expected, settings or WatchdogSettings(), self._watch,
+                                 compilations=compiled.compilations)
         self.accuracy: float | None = None
 
     # ----------------------------------------------------------------- loading
