@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import statistics
 from dataclasses import dataclass, replace
+from pathlib import Path
 from typing import Any, Callable
 
 import optuna
@@ -129,11 +130,11 @@ def report_from_child(child: ChildResult, resolved: dict[str, Resolved], is_base
     return Report(attrs["outcome"], attrs)
 
 
-def measure_baseline(plan: Plan, resolved: dict[str, Resolved], tick: Callable[[float], None] | None = None
-                     ) -> Report:
+def measure_baseline(plan: Plan, resolved: dict[str, Resolved], tick: Callable[[float], None] | None = None,
+                     keep: Path | None = None) -> Report:
     """The baseline, measured ``[guard] baseline_runs`` times with seeds seed, seed+1, ...: its
     accuracy is their mean (their spread widens the guard), its rate their median."""
-    report = measure(plan, resolved, True, tick=tick)
+    report = measure(plan, resolved, True, tick=tick, keep=keep)
     runs = plan.definition.guard.baseline_runs
     if report.outcome != "ok" or report.val_accuracy is None or runs < 2:
         return report
@@ -172,16 +173,18 @@ def suggest(plan: Plan, trial: optuna.Trial) -> dict[str, Resolved]:
 
 def measure(plan: Plan, resolved: dict[str, Resolved], is_baseline: bool,
             tick: Callable[[float], None] | None = None,
-            watch: Callable[[list[dict[str, Any]]], str | None] | None = None, seed_offset: int = 0) -> Report:
+            watch: Callable[[list[dict[str, Any]]], str | None] | None = None, seed_offset: int = 0,
+            keep: Path | None = None) -> Report:
     """Run the burst in a child and report what it measured (``watch`` may prune it). A
-    combination the space knows cannot train correctly here is ``invalid`` without a child."""
+    combination the space knows cannot train correctly here is ``invalid`` without a child.
+    ``keep``: a directory for the child's output and request (the trial's artifacts)."""
     values = {name: r.value for name, r in resolved.items()}
     problem = plan.space.invalid(values, plan.ctx)
     if problem:
         return report_from_child(ChildResult("invalid", {}, problem), resolved, is_baseline)
     request = plan.request(values, seed_offset)
     child = run_child(plan.definition.study.framework, "burst", request, plan.definition.burst.timeout_s,
-                      tick=tick, watch=watch)
+                      tick=tick, watch=watch, keep=keep)
     return report_from_child(child, resolved, is_baseline)
 
 

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import json
 import os
+import shutil
 import signal
 import subprocess
 import sys
@@ -134,13 +135,15 @@ def run_child(
     tick: Callable[[float], None] | None = None,
     poll_s: float = 0.25,
     watch: Callable[[list[dict[str, Any]]], str | None] | None = None,
+    keep: Path | None = None,
 ) -> ChildResult:
     """Run ``python -m trainers.<framework> <command>`` on ``request`` and classify the result.
 
     ``tick(elapsed_seconds)`` is called while waiting (for progress display). ``watch(segments)``
     sees the windows measured so far; when it returns a reason the child's group is killed and the
     outcome is ``pruned`` (the segments are kept in ``data``). On KeyboardInterrupt the child's
-    group is killed before the interrupt propagates.
+    group is killed before the interrupt propagates. ``keep`` (a directory) receives the child's
+    whole output (``output.log``) and the request it ran (``request.json``).
     """
     with tempfile.TemporaryDirectory(prefix="knobtune-trial-") as tmp:
         tmp_path = Path(tmp)
@@ -186,6 +189,9 @@ def run_child(
         finally:
             kill_group(proc.pid)  # whatever the child left behind (workers) goes with it
         wall = time.monotonic() - start
+        if keep is not None:
+            shutil.copyfile(log_path, keep / "output.log")
+            (keep / "request.json").write_text(json.dumps(request, indent=2, sort_keys=True) + "\n")
         data: dict[str, Any] = {}
         if result_path.exists():
             try:

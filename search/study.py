@@ -4,13 +4,15 @@ from __future__ import annotations
 import os
 import random
 import sys
+import tempfile
 import time
+from pathlib import Path
 from typing import Any, TextIO
 
 import optuna
 from optuna.trial import TrialState
 
-from search import __version__, results
+from search import __version__, artifacts, notes, results, story
 from search.definition import Definition
 from search.errors import RunError, UserError
 from search.confirm import confirm
@@ -161,8 +163,8 @@ def resolution_warning(definition: Definition, eval_samples: int | None) -> str 
 
 
 def _notes(plan: Plan, err: TextIO) -> None:
-    for knob, notes in plan.offer.dropped.items():
-        for note in notes:
+    for knob, dropped in plan.offer.dropped.items():
+        for note in dropped:
             err.write(f"note: [space] {knob} {note}; not searched here\n")
     for knob, value in plan.definition.baseline.items():
         if knob in plan.offer.unavailable:
@@ -197,9 +199,11 @@ def make_plan(definition: Definition, info: dict[str, Any]) -> Plan:
 
 def run(definition: Definition, storage_url: str | None = None, trials: int | None = None,
         timeout: float | None = None, name: str | None = None, out: TextIO = sys.stdout,
-        err: TextIO = sys.stderr, confirm_winners: bool = True, diagnose: bool = True) -> int:
+        err: TextIO = sys.stderr, confirm_winners: bool = True, diagnose: bool = True,
+        artifacts_option: str | None = None) -> int:
     """``knobtune run``: create or resume the study, run it to ``trials`` finished trials, then
-    confirm the winner against noise and diagnose the bottleneck (once per winner)."""
+    confirm the winner against noise and diagnose the bottleneck (once per winner). The story
+    (notes) and each trial's files (artifacts) go to the storage as it runs, for the dashboard."""
     study_cfg = definition.study
     name = name or study_cfg.name
     target = trials if trials is not None else study_cfg.trials
@@ -207,6 +211,8 @@ def run(definition: Definition, storage_url: str | None = None, trials: int | No
         raise UserError(f"--trials must be >= 1, got {target}")
     url = resolve_url(storage_url, study_cfg.storage)
     storage = open_storage(url)
+    artifact_dir = artifacts.resolve(url, artifacts_option)
+    artifact_store = artifacts.store(artifacts.prepare(artifact_dir)) if artifact_dir is not None else None
     info = probe_study(definition, err)
     fingerprint = info["fingerprint"]
     plan = make_plan(definition, info)
@@ -221,6 +227,7 @@ def run(definition: Definition, storage_url: str | None = None, trials: int | No
         if stale:
             err.write(f"note: marked {stale} trial(s) left running by an earlier run as failed\n")
     _enqueue_baseline(study, plan)
+    notes.name_metrics(study)
     measured_base = results.baseline(study)
     if measured_base is not None and measured_base.user_attrs.get("outcome") == "ok":  # resuming
         plan = _narrow(plan, measured_base.user_attrs.get("not_exercised"), None)
@@ -231,6 +238,11 @@ def run(definition: Definition, storage_url: str | None = None, trials: int | No
         f"{wl['name']}: {wl['parameters']:,} parameters, {wl['train_samples'] or 'an unknown number of'} training samples; "
         f"{fingerprint['hardware']['device']}, {fingerprint['hardware']['usable_cores']} usable cores\n"
     )
+    if artifact_dir is not None:
+        err.write(f"knobtune: trial artifacts (output, request, window chart) in {artifact_dir}\n")
+    elif artifacts_option is None:
+        err.write("note: no artifact directory for a server database: each machine would need the same one; "
+                  "name a shared directory with --artifacts DIR to keep trial outputs for the dashboard\n")
     progress = Progress(target, min(done, target), err)
     progress.best = best_label(study)
     started = time.monotonic()
@@ -251,6 +263,7 @@ def run(definition: Definition, storage_url: str | None = None, trials: int | No
                 # Skip it (uncounted) and explore an unmeasured configuration next.
                 trial.set_user_attr("duplicate_of", twin)
                 trial.set_user_attr("failure", f"skipped: same knobs as trial #{twin}")
+                trial.set_user_attr("outcome", "skipped")
                 study.tell(trial, state=TrialState.FAIL)
                 trial = None
                 fresh = _unmeasured(study, plan, rng)
@@ -259,15 +272,22 @@ def run(definition: Definition, storage_url: str | None = None, trials: int | No
                     break
                 study.enqueue_trial(fresh, user_attrs={"source": "explore"})
                 continue
-            if not is_baseline:
+            if is_baseline:
+                trial.set_user_attr("role", story.ROLE_BASELINE)
+            else:
                 trial.set_user_attr("is_baseline", False)
             if "source" not in trial.user_attrs:
                 trial.set_user_attr("source", study_cfg.sampler)
             progress.started(trial.number)
-            if is_baseline:
-                report = measure_baseline(plan, resolved, tick=progress.tick)
-            else:
-                report = measure(plan, resolved, False, tick=progress.tick, watch=prune_rule(plan, study))
+            with tempfile.TemporaryDirectory(prefix="knobtune-artifacts-") as kept_dir:
+                kept = Path(kept_dir) if artifact_store is not None else None
+                if is_baseline:
+                    report = measure_baseline(plan, resolved, tick=progress.tick, keep=kept)
+                else:
+                    report = measure(plan, resolved, False, tick=progress.tick, watch=prune_rule(plan, study),
+                                     keep=kept)
+                if kept is not None:
+                    artifacts.attach(study, trial, kept, report.attrs, artifact_store)
             base = results.baseline(study)
             base_ok = base is not None and base.user_attrs.get("outcome") == "ok"
             base_acc = baseline_accuracies(base.user_attrs) if base_ok and not is_baseline else None
@@ -285,6 +305,7 @@ def run(definition: Definition, storage_url: str | None = None, trials: int | No
             base = results.baseline(study)
             base_knobs = results.knob_values(base) if base else None
             progress.finished(trial_line(finished_trial.number, finished_trial.user_attrs, progress.best, base_knobs))
+            notes.publish(study, url, f"after trial #{finished_trial.number}")
             for attr, note in BURST_NOTES.items():  # once per run: the burst is too short for this
                 if finished_trial.user_attrs.get(attr) and attr not in noted:
                     noted.add(attr)
@@ -307,12 +328,13 @@ def run(definition: Definition, storage_url: str | None = None, trials: int | No
             except (RuntimeError, ValueError):  # the interrupt came after the trial was told
                 pass
         kept = len(results.finished(study))
+        notes.publish(study, url, "when the run was interrupted")
         err.write(f"\nknobtune: interrupted; {kept} finished trials are kept. Run the same command to resume.\n")
         return 130
     progress.close()
     if len(results.finished(study)) >= target:
         try:
-            _after_search(study, plan, err, confirm_winners, diagnose)
+            _after_search(study, plan, err, confirm_winners, diagnose, url)
         except KeyboardInterrupt:
             err.write("\nknobtune: interrupted during confirmation/diagnosis; the trials are kept.\n")
             return 130
@@ -329,12 +351,16 @@ def _narrow(plan: Plan, not_exercised: dict[str, str] | None, err: TextIO | None
     return narrowed
 
 
-def _after_search(study: optuna.Study, plan: Plan, err: TextIO, confirm_winners: bool, diagnose: bool) -> None:
-    """Confirm the winner (unless a current confirmation exists) and diagnose it (once per winner)."""
+def _after_search(study: optuna.Study, plan: Plan, err: TextIO, confirm_winners: bool, diagnose: bool,
+                  url: str) -> None:
+    """Confirm the winner (unless a current confirmation exists) and diagnose it (once per winner);
+    the notes are rewritten after each."""
     if confirm_winners and plan.definition.confirm.top_k > 0 and results.confirmation(study) is None:
         confirm(study, plan, err)
+        notes.publish(study, url, "after the confirmation")
     winner = results.best(study)
     done = study.user_attrs.get("diagnosis", {})
     if diagnose and winner is not None and done.get("winner_trial") != winner.number:
         baseline_params = plan.space.baseline_params(plan.offer, plan.ctx, plan.definition.baseline)
         diagnose_study(study, plan, baseline_params, winner, err)
+        notes.publish(study, url, "after the diagnosis")

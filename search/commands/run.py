@@ -41,6 +41,10 @@ def add(subparsers: argparse._SubParsersAction) -> None:
     p.add_argument("--no-confirm", action="store_true",
                    help="skip re-measuring the top candidates against the baseline after the trials")
     p.add_argument("--no-diagnose", action="store_true", help="skip the bottleneck diagnosis after the trials")
+    p.add_argument("--artifacts", metavar="DIR",
+                   help="where each trial's output, request and window chart go, for the dashboard (default: "
+                        "beside the SQLite file, e.g. knobtune-artifacts/; none for a server database; "
+                        "'none' turns them off)")
     p.set_defaults(func=main)
 
 
@@ -49,4 +53,5 @@ def main(args: argparse.Namespace) -> int:
     if args.name is not None and not args.name.strip():
         raise UserError("--name must not be empty")
     return study.run(parsed, storage_url=args.storage, trials=args.trials, timeout=args.timeout, name=args.name,
-                     confirm_winners=not args.no_confirm, diagnose=not args.no_diagnose)
+                     confirm_winners=not args.no_confirm, diagnose=not args.no_diagnose,
+                     artifacts_option=args.artifacts)

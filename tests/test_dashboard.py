@@ -1,0 +1,205 @@
+"""What optuna-dashboard shows of a knobtune study: metric names, the study note (the story),
+trial notes, roles, and per-trial artifacts; on a recorded study, on a real run, and in a real
+headless Chromium against `knobtune dashboard`."""
+from __future__ import annotations
+
+import json
+import socket
+import subprocess
+import sys
+import time
+import xml.etree.ElementTree as ET
+from pathlib import Path
+
+import optuna
+import pytest
+from conftest import FAST, knobtune, script_study, stored
+from recorded import rebuild
+
+from search import artifacts, notes, story
+
+WORKLOADS = Path(__file__).resolve().parent / "workloads"
+
+SCRIPT_STUDY = """
+[study]
+name = "watched"
+framework = "pytorch"
+script = "{script}"
+args = {args}
+trials = {trials}
+seed = 1
+prune_below = 0
+{burst}
+[space]
+batch_size = [16, 32]
+accumulation_steps = [1]
+compile = ["off"]
+amp = ["off", "bf16"]
+intra_op_threads = [0]
+"""
+
+
+def note_of(study: optuna.Study, trial: optuna.trial.FrozenTrial | None = None) -> tuple[str, int]:
+    from optuna_dashboard._note import get_note_from_system_attrs
+
+    attrs = study._storage.get_study_system_attrs(study._study_id)
+    note = get_note_from_system_attrs(attrs, None if trial is None else trial._trial_id)
+    return note["body"], note["version"]
+
+
+def test_recorded_study_gets_its_story_trial_notes_and_metric_name(tmp_path: Path):
+    url = f"sqlite:///{tmp_path / 'knobtune.db'}"
+    study = rebuild("story", url)
+    notes.name_metrics(study)
+    notes.publish(study, url, "after the diagnosis")
+    study = optuna.load_study(study_name="story", storage=url)
+    assert study.metric_names == ["samples/s"]
+    body, version = note_of(study)
+    # the recorded confirmation kept the baseline; Optuna's "Best Trial" is another trial: both said
+    assert "No configuration beat your current settings" in body
+    badge = study.best_trial.number
+    assert badge != 0 and f"\"Best Trial\" badge marks trial #{badge}" in body
+    assert "| baseline | #0 |" in body and "knobtune export story" in body
+    assert "Bottleneck diagnosis" in body and "after the diagnosis" in body
+    assert "3 duplicate proposal(s) skipped" in body and "they are not failures" in body
+    assert study.user_attrs["roles"] == {"0": "baseline"}
+    for trial in study.trials:
+        text, _ = note_of(study, trial)
+        outcome = trial.user_attrs.get("outcome")
+        if trial.user_attrs.get("duplicate_of") is not None:
+            assert "a duplicate proposal, not a failure" in text
+            assert f"trial #{trial.user_attrs['duplicate_of']}" in text
+        elif outcome == "nan":
+            assert "the loss became non-finite" in text and trial.user_attrs["failure"].splitlines()[0] in text
+        elif trial.number == 0:
+            assert "the baseline" in text and "**Kept**" in text
+        else:  # an ok trial with no role needs no note
+            assert text == ""
+    # publishing again with nothing changed writes nothing
+    notes.publish(study, url, "after the diagnosis")
+    assert note_of(study) == (body, version)
+
+
+def test_markdown_and_html_escape_what_trials_report():
+    blocks: list[story.Block] = [
+        ("h", "Trial #3: crash"),
+        ("p", "**the trial's process failed**: <script>alert(1)</script> at `step 5`"),
+        ("table", ["a|b", "c"], [["x|y", "<b>"]]),
+        ("code", "Traceback <most recent>"),
+    ]
+    md = story.to_markdown(blocks)
+    assert md.startswith("# Trial #3: crash") and "| a\\|b | c |" in md and "```\nTraceback <most recent>\n```" in md
+    page = story.to_html(blocks)
+    assert "<script>" not in page and "&lt;script&gt;alert(1)&lt;/script&gt;" in page
+    assert "<strong>the trial&#x27;s process failed</strong>" in page and "<code>step 5</code>" in page
+    assert "<td>&lt;b&gt;</td>" in page and "<pre>Traceback &lt;most recent&gt;</pre>" in page
+
+
+def test_window_chart_is_an_svg_with_a_bar_per_window():
+    svg = artifacts.window_chart([900.0, 1000.0, 1100.0], "trial #2: window rates")
+    root = ET.fromstring(svg)
+    bars = root.findall("{http://www.w3.org/2000/svg}rect")
+    assert len(bars) == 3
+    heights = [float(b.get("height")) for b in bars]
+    assert heights == sorted(heights) and heights[0] > 0  # drawn to scale
+    assert "1,000" in svg  # the median, labelled
+    empty = ET.fromstring(artifacts.window_chart([], "trial #4"))
+    assert "no window measured" in "".join(empty.itertext())
+
+
+@pytest.fixture(scope="module")
+def watched(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """A finished run of a user's script (3 trials) with its artifacts beside the SQLite file."""
+    directory = tmp_path_factory.mktemp("watched")
+    path = script_study(directory, SCRIPT_STUDY, WORKLOADS / "kt_script.py", ["--epochs", "2"], trials=3)
+    knobtune("run", str(path), *FAST, cwd=directory, check=0)
+    return directory
+
+
+def test_a_run_stores_each_trials_output_request_and_chart(watched: Path):
+    from optuna.artifacts import get_all_artifact_meta
+
+    study = stored(watched, "watched")
+    store = artifacts.store(watched / "knobtune-artifacts")
+    measured = [t for t in study.trials if t.state.is_finished() and t.user_attrs.get("outcome")
+                and t.user_attrs.get("duplicate_of") is None]
+    assert len(measured) >= 3
+    for trial in measured:
+        metas = {m.filename: m for m in get_all_artifact_meta(trial, storage=study._storage)}
+        n = trial.number
+        assert set(metas) == {f"trial-{n}-output.log", f"trial-{n}-request.json", f"trial-{n}-window-rates.svg"}
+        with store.open_reader(metas[f"trial-{n}-request.json"].artifact_id) as f:
+            request = json.load(f)
+        assert request["knobs"] == {k: v["value"] for k, v in trial.user_attrs["knobs"].items()}
+        with store.open_reader(metas[f"trial-{n}-output.log"].artifact_id) as f:
+            assert b"epoch 1 done" in f.read()  # the script's own output, whole
+        with store.open_reader(metas[f"trial-{n}-window-rates.svg"].artifact_id) as f:
+            bars = ET.fromstring(f.read()).findall("{http://www.w3.org/2000/svg}rect")
+        assert len(bars) == len(trial.user_attrs["window_rates"])
+    assert study.metric_names == ["samples/s"]
+    body, _ = note_of(study)
+    assert "not confirmed" in body and "Written by knobtune after trial #" in body
+    baseline = next(t for t in study.trials if t.user_attrs.get("is_baseline"))
+    assert baseline.user_attrs["role"] == "baseline"
+    assert "the baseline (your current settings)" in note_of(study, baseline)[0]
+
+
+def test_an_artifact_directory_that_takes_no_files_stops_the_run_before_any_trial(tmp_path: Path):
+    blocker = tmp_path / "a-file"
+    blocker.write_text("not a directory")
+    path = script_study(tmp_path, SCRIPT_STUDY, WORKLOADS / "kt_script.py", trials=1)
+    proc = knobtune("run", str(path), *FAST, "--artifacts", str(blocker / "artifacts"), cwd=tmp_path, check=2)
+    assert proc.stderr.strip().count("\n") == 0, proc.stderr
+    assert f"artifact directory {blocker / 'artifacts'}: not writable" in proc.stderr
+    assert "trial #" not in proc.stderr
+
+
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def test_the_dashboard_shows_the_story_metric_and_artifacts_in_chromium(watched: Path, tmp_path: Path):
+    from browser import browser_page, chromium_or_skip
+
+    chromium_or_skip()
+    port = _free_port()
+    server = subprocess.Popen([sys.executable, "-m", "search.cli", "dashboard", "--port", str(port)], cwd=watched,
+                              stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+    try:
+        deadline = time.monotonic() + 60
+        while True:
+            try:
+                socket.create_connection(("127.0.0.1", port), timeout=1).close()
+                break
+            except OSError:
+                assert server.poll() is None and time.monotonic() < deadline, server.communicate()[0]
+                time.sleep(0.2)
+        study = stored(watched, "watched")
+        sid = study._study_id
+        base = f"http://127.0.0.1:{port}/dashboard/studies/{sid}"
+        with browser_page() as (page, console_errors):
+            page.goto(f"{base}/note")
+            page.get_by_text("Written by knobtune").wait_for(timeout=30000)
+            text = page.inner_text("body")
+            assert "not confirmed" in text and "knobtune export watched" in text
+            page.screenshot(path=str(tmp_path / "dashboard-note.png"), full_page=True)
+            page.goto(base)
+            page.get_by_text("samples/s").first.wait_for(timeout=30000)  # the objective's name, not "Objective 0"
+            assert "Objective 0" not in page.inner_text("body")
+            page.goto(f"{base}/trials")
+            page.get_by_text("trial-0-request.json").wait_for(timeout=30000)
+            page.screenshot(path=str(tmp_path / "dashboard-trial.png"), full_page=True)
+            href = page.eval_on_selector_all(
+                "a[href*='/artifacts/']", "els => els.map(e => e.getAttribute('href'))")
+            assert len(href) >= 3
+            downloaded = [page.request.get(f"http://127.0.0.1:{port}{h}") for h in href]
+            assert all(r.ok for r in downloaded)
+            requests = [json.loads(r.body()) for r in downloaded if r.headers["content-type"] == "application/json"]
+            assert requests and requests[0]["knobs"]["batch_size"] in (16, 32)
+            assert not console_errors, console_errors
+        assert (tmp_path / "dashboard-note.png").stat().st_size > 0
+    finally:
+        server.terminate()
+        server.wait(timeout=30)
