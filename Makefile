@@ -61,4 +61,4 @@ dashboard: install
 	$(VENV)/bin/knobtune dashboard
 
 clean:
-	rm -rf $(VENV) knobtune.db knobtune.db-wal knobtune.db-shm best.json
+	rm -rf $(VENV) knobtune.db knobtune.db-wal knobtune.db-shm knobtune-artifacts best.json report.html

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import html
 import re
+from pathlib import Path
 from typing import Any, Union
 
 import optuna
@@ -109,6 +110,9 @@ def _verdict(study: optuna.Study, base: FrozenTrial, best: FrozenTrial | None, m
         return "No candidate held up in the confirmation rounds; the search's best is shown."
     if best is None:
         return f"No trial has beaten the accuracy guard yet; the baseline is trial #{base.number}."
+    if best.number == base.number:
+        return (f"Best so far: **the baseline** (trial #{base.number}): no other trial measured faster within the "
+                f"accuracy guard.")
     return (f"Best so far: **trial #{best.number}**, {_speedup(best, base, minimize)} the baseline "
             f"(trial #{base.number}); not confirmed side by side yet (knobtune confirms the top candidates against "
             f"the baseline when the search reaches its trial count, unless run with --no-confirm).")
@@ -193,7 +197,7 @@ def study_story(study: optuna.Study, url: str, stage: str | None = None) -> list
     section = definition.get("study", {})
     m = results.mode(study)
     minimize = m == "time-to-accuracy"
-    job = section.get("workload") or section.get("script") or "?"
+    job = section.get("workload") or (Path(section["script"]).name if section.get("script") else "?")
     blocks: list[Block] = [("h", f"{study.study_name}: {section.get('framework', '?')}, {job}, objective {m}")]
     base, best = results.baseline(study), results.best(study)
     if base is None or base.user_attrs.get("outcome") != "ok":

@@ -263,7 +263,6 @@ def run(definition: Definition, storage_url: str | None = None, trials: int | No
                 # Skip it (uncounted) and explore an unmeasured configuration next.
                 trial.set_user_attr("duplicate_of", twin)
                 trial.set_user_attr("failure", f"skipped: same knobs as trial #{twin}")
-                trial.set_user_attr("outcome", "skipped")
                 study.tell(trial, state=TrialState.FAIL)
                 trial = None
                 fresh = _unmeasured(study, plan, rng)

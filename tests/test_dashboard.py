@@ -138,7 +138,8 @@ def test_a_run_stores_each_trials_output_request_and_chart(watched: Path):
         assert len(bars) == len(trial.user_attrs["window_rates"])
     assert study.metric_names == ["samples/s"]
     body, _ = note_of(study)
-    assert "not confirmed" in body and "Written by knobtune after trial #" in body
+    assert "Best so far" in body and "Written by knobtune after trial #" in body
+    assert "watched: pytorch, kt_script.py, objective throughput" in body
     baseline = next(t for t in study.trials if t.user_attrs.get("is_baseline"))
     assert baseline.user_attrs["role"] == "baseline"
     assert "the baseline (your current settings)" in note_of(study, baseline)[0]
@@ -183,7 +184,7 @@ def test_the_dashboard_shows_the_story_metric_and_artifacts_in_chromium(watched:
             page.goto(f"{base}/note")
             page.get_by_text("Written by knobtune").wait_for(timeout=30000)
             text = page.inner_text("body")
-            assert "not confirmed" in text and "knobtune export watched" in text
+            assert "Best so far" in text and "knobtune export watched" in text
             page.screenshot(path=str(tmp_path / "dashboard-note.png"), full_page=True)
             page.goto(base)
             page.get_by_text("samples/s").first.wait_for(timeout=30000)  # the objective's name, not "Objective 0"
