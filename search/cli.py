@@ -8,7 +8,7 @@ import sys
 import warnings
 
 from search import __version__
-from search.commands import compare, dashboard, diagnose, env, export, run
+from search.commands import compare, dashboard, diagnose, env, export, report, run
 from search.errors import RunError, UserError
 
 
@@ -20,7 +20,7 @@ def parser() -> argparse.ArgumentParser:
     )
     p.add_argument("--version", action="version", version=f"knobtune {__version__}")
     sub = p.add_subparsers(dest="command", metavar="COMMAND")
-    for module in (run, export, dashboard, env, compare, diagnose):
+    for module in (run, export, dashboard, env, compare, diagnose, report):
         module.add(sub)
     return p
 
