@@ -25,7 +25,8 @@ def candidates(study: optuna.Study, top_k: int) -> tuple[list[FrozenTrial], str 
     if results.mode(study) == "pareto":
         points = results.front(study)
         picked = [results.pick_from_front(points, p) for p in results.PICKS]
-        unique = list({t.number: t for t in picked if t is not None}.values())
+        # the baseline is measured in every round anyway: as a candidate too, it would run twice a round
+        unique = list({t.number: t for t in picked if t is not None and not t.user_attrs.get("is_baseline")}.values())
         return unique, "fastest-feasible"
     feasible = results.feasible(study)
     reverse = results.mode(study) != "time-to-accuracy"

@@ -97,10 +97,11 @@ def _verdict(study: optuna.Study, base: FrozenTrial, best: FrozenTrial | None, m
             runner = confirmed.get("runner_up")
             closest = (f" The closest candidate, trial #{runner['trial']}, ran at {runner['speedup']:.2f}x."
                        if runner and runner.get("speedup") else "")
+            out = [f" {line}" for line in disqualified(confirmed)]
             return (f"**No configuration beat your current settings** side by side over {rounds} interleaved "
-                    f"rounds (a candidate must be {confirmed.get('min_speedup', 0.03):.0%} faster in the median of "
-                    f"the paired rounds and faster in most of them), so the baseline, trial #{base.number}, is "
-                    f"kept.{closest}")
+                    f"rounds (a candidate must keep the accuracy and be {confirmed.get('min_speedup', 0.03):.0%} "
+                    f"faster in the median of the paired rounds and faster in most of them), so the baseline, "
+                    f"trial #{base.number}, is kept.{closest}{''.join(out)}")
         lo, hi = confirmed.get("speedup_range") or (None, None)
         spread = f" (range {lo:.2f}x-{hi:.2f}x over {rounds} interleaved rounds)" if lo else ""
         speedup = f"**{confirmed['speedup']:.2f}x**" if confirmed.get("speedup") else "(no paired rounds)"
@@ -116,6 +117,24 @@ def _verdict(study: optuna.Study, base: FrozenTrial, best: FrozenTrial | None, m
     return (f"Best so far: **trial #{best.number}**, {_speedup(best, base, minimize)} the baseline "
             f"(trial #{base.number}); not confirmed side by side yet (knobtune confirms the top candidates against "
             f"the baseline when the search reaches its trial count, unless run with --no-confirm).")
+
+
+def disqualified(confirmed: dict[str, Any]) -> list[str]:
+    """Why candidates of the confirmation were out of the running before their speed counted:
+    their mean accuracy over the rounds' seeds under the final guard, or rounds that failed."""
+    out = []
+    floor = confirmed.get("accuracy_floor")
+    for number, median in (confirmed.get("medians") or {}).items():
+        if median is not None or number == str(confirmed.get("baseline")):
+            continue
+        accuracy = (confirmed.get("mean_accuracies") or {}).get(number)
+        if accuracy is not None and floor is not None and accuracy < floor:
+            out.append(f"Trial #{number} was out: its mean val_accuracy over the rounds' seeds, {accuracy:.3f}, is "
+                       f"under the final guard {floor:.3f}.")
+        else:
+            outcomes = sorted({e.get("outcome", "?") for e in (confirmed.get("runs") or {}).get(number, [])} - {"ok"})
+            out.append(f"Trial #{number} was out: its rounds did not succeed ({', '.join(outcomes) or 'no value'}).")
+    return out
 
 
 def _badge_sentence(study: optuna.Study, winner: FrozenTrial | None) -> str | None:

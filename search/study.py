@@ -337,6 +337,7 @@ def run(definition: Definition, storage_url: str | None = None, trials: int | No
         except KeyboardInterrupt:
             err.write("\nknobtune: interrupted during confirmation/diagnosis; the trials are kept.\n")
             return 130
+    notes.publish(study, url, "at the end of the run")  # also gives a study made before notes existed its story
     out.write(study_summary(study, url) + "\n")
     return 0
 

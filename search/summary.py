@@ -9,6 +9,7 @@ from optuna.trial import FrozenTrial
 from search import results
 from search.diagnose import line as diagnosis_line
 from search.progress import rate
+from search.story import disqualified
 from search.storage import DEFAULT_URL, redact
 
 
@@ -81,9 +82,10 @@ def _confirmed_line(confirmed: dict[str, Any]) -> str:
         runner = confirmed.get("runner_up")
         closest = (f"; the closest candidate, trial #{runner['trial']}, ran at {runner['speedup']:.2f}x"
                    f"{spread(runner)}") if runner and runner.get("speedup") else ""
-        return (f"  confirmed: no configuration beat your current settings side by side (a candidate must be "
-                f"{confirmed.get('min_speedup', 0.03):.0%} faster in the median of the paired rounds and faster in "
-                f"most of them), so the baseline is kept{closest}")
+        out = "".join(f"\n    {line}" for line in disqualified(confirmed))
+        return (f"  confirmed: no configuration beat your current settings side by side (a candidate must keep the "
+                f"accuracy and be {confirmed.get('min_speedup', 0.03):.0%} faster in the median of the paired rounds "
+                f"and faster in most of them), so the baseline is kept{closest}{out}")
     changed = "" if confirmed.get("searched_winner") in (None, confirmed["winner"]) else \
         f"; the search's own best was #{confirmed['searched_winner']}"
     speedup = f"{confirmed['speedup']:.2f}x" if confirmed.get("speedup") else "(no paired rounds)"

@@ -80,6 +80,21 @@ def test_recorded_study_gets_its_story_trial_notes_and_metric_name(tmp_path: Pat
     assert note_of(study) == (body, version)
 
 
+def test_the_story_says_why_faster_candidates_lost_to_the_baseline(tmp_path: Path):
+    """The recorded demo run: the confirmation's candidates measured faster than the baseline but
+    lost the accuracy they had; "no configuration beat your settings" must say so."""
+    url = f"sqlite:///{tmp_path / 'knobtune.db'}"
+    study = rebuild("demo-pytorch", url)
+    confirmed = study.user_attrs["confirmed"]
+    out = [n for n, median in confirmed["medians"].items() if median is None]
+    assert out and confirmed["winner"] == confirmed["baseline"]
+    body = story.to_markdown(story.study_story(study, url))
+    for number in out:
+        accuracy = confirmed["mean_accuracies"][number]
+        assert f"Trial #{number} was out: its mean val_accuracy over the rounds' seeds, {accuracy:.3f}" in body
+    assert "pruning stopped" in body and "duplicate proposal(s) skipped" in body
+
+
 def test_markdown_and_html_escape_what_trials_report():
     blocks: list[story.Block] = [
         ("h", "Trial #3: crash"),
@@ -137,8 +152,9 @@ def test_a_run_stores_each_trials_output_request_and_chart(watched: Path):
             bars = ET.fromstring(f.read()).findall("{http://www.w3.org/2000/svg}rect")
         assert len(bars) == len(trial.user_attrs["window_rates"])
     assert study.metric_names == ["samples/s"]
-    body, _ = note_of(study)
-    assert "Best so far" in body and "Written by knobtune after trial #" in body
+    body, version = note_of(study)
+    assert version >= len(measured) + 1  # rewritten after each trial and at the end of the run
+    assert "Best so far" in body and "Written by knobtune at the end of the run" in body
     assert "watched: pytorch, kt_script.py, objective throughput" in body
     baseline = next(t for t in study.trials if t.user_attrs.get("is_baseline"))
     assert baseline.user_attrs["role"] == "baseline"
