@@ -15,28 +15,14 @@ import optuna
 import pytest
 from conftest import FAST, knobtune, script_study, stored
 from recorded import rebuild
+from test_tuned import STUDY as OWN_STUDY
 
 from search import artifacts, notes, story
 
 WORKLOADS = Path(__file__).resolve().parent / "workloads"
 
-SCRIPT_STUDY = """
-[study]
-name = "watched"
-framework = "pytorch"
-script = "{script}"
-args = {args}
-trials = {trials}
-seed = 1
-prune_below = 0
-{burst}
-[space]
-batch_size = [16, 32]
-accumulation_steps = [1]
-compile = ["off"]
-amp = ["off", "bf16"]
-intra_op_threads = [0]
-"""
+# the Tuned API tests' study of the test script, under its own name
+SCRIPT_STUDY = OWN_STUDY.replace('name = "own"', 'name = "watched"')
 
 
 def note_of(study: optuna.Study, trial: optuna.trial.FrozenTrial | None = None) -> tuple[str, int]:
