@@ -125,6 +125,8 @@ def report_from_child(child: ChildResult, resolved: dict[str, Resolved], is_base
         attrs["overhead_seconds"] = round(child.wall_seconds - attrs["burst_seconds"], 3)
     if child.failure:
         attrs["failure"] = child.failure
+    if outcome != "ok" and child.output_tail and child.output_tail not in (child.failure or ""):
+        attrs["output_tail"] = child.output_tail  # for the trial's note: what it printed last
     if outcome == "ok" and "samples_per_second" not in attrs:
         attrs.update(outcome="crash", failure="the child reported no measured window")
     return Report(attrs["outcome"], attrs)

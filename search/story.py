@@ -327,9 +327,11 @@ def trial_story(study: optuna.Study, trial: FrozenTrial, url: str) -> list[Block
     first, _, rest = failure.partition("\n")
     blocks += [("h", f"Trial #{trial.number}: {outcome or 'no result'}"),
                ("p", f"**{OUTCOME_MEANING.get(outcome or '', 'no result')}**: {first or 'no reason recorded'}")]
-    tail = attrs.get("output_tail") or rest.strip()
-    if tail:
-        blocks.append(("code", tail))
+    if rest.strip():
+        blocks.append(("code", rest.strip()))
+    if attrs.get("output_tail"):
+        blocks += [("p", "Its output ended with (the whole of it is the trial's `output.log` artifact):"),
+                   ("code", attrs["output_tail"])]
     return blocks
 
 

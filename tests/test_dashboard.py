@@ -66,6 +66,24 @@ def test_recorded_study_gets_its_story_trial_notes_and_metric_name(tmp_path: Pat
     assert note_of(study) == (body, version)
 
 
+def test_a_failed_trials_note_has_its_outcome_reason_and_output_tail(tmp_path: Path):
+    from optuna.trial import TrialState, create_trial
+
+    url = f"sqlite:///{tmp_path / 'knobtune.db'}"
+    study = rebuild("story", url)
+    base = study.trials[0]
+    study.add_trial(create_trial(
+        state=TrialState.PRUNED, params=base.params, distributions=base.distributions,
+        user_attrs={"outcome": "timeout", "failure": "no result within timeout_s=120 s; its process group was killed",
+                    "output_tail": "loading shard 7 of 9\nwaiting for <the NFS mount>"}))
+    trial = study.trials[-1]
+    note = story.to_markdown(story.trial_story(study, trial, url) or [])
+    assert f"# Trial #{trial.number}: timeout" in note
+    assert "**no result within the trial's timeout**: no result within timeout_s=120 s" in note
+    assert "```\nloading shard 7 of 9\nwaiting for <the NFS mount>\n```" in note
+    assert "&lt;the NFS mount&gt;" in story.to_html(story.trial_story(study, trial, url) or [])
+
+
 def test_the_story_says_why_faster_candidates_lost_to_the_baseline(tmp_path: Path):
     """The recorded demo run: the confirmation's candidates measured faster than the baseline but
     lost the accuracy they had; "no configuration beat your settings" must say so."""
