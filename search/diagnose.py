@@ -20,7 +20,8 @@ def ceilings(plan: Plan, params: dict[str, Any]) -> dict[str, Any]:
     resolved = plan.space.resolve(params, plan.offer, plan.ctx)
     request = plan.request({name: r.value for name, r in resolved.items()})
     request["input_variants"] = {"as configured": {}, **plan.space.input_variants(plan.ctx)}
-    child = run_child(plan.definition.study.framework, "diagnose", request, plan.definition.burst.timeout_s * 2)
+    child = run_child(plan.definition.study.framework, "diagnose", request, plan.definition.burst.timeout_s * 2,
+                      placement=plan.placement)
     if child.outcome != "ok":
         return {"error": f"{child.outcome}: {(child.failure or '').splitlines()[0] if child.failure else ''}"}
     data = child.data

@@ -90,6 +90,9 @@ def best_config(study: optuna.Study, pick: str | None = None) -> dict[str, Any]:
         "confirmed": confirmed_block,
         "burst": definition.get("burst"),
         "fingerprint": study.user_attrs.get("fingerprint", {}),
+        # what each trial measured: the whole machine, or one share of it (--jobs): run the winner
+        # on that share (one GPU and its cores: one rank of a data-parallel job)
+        "partition": study.user_attrs.get("partition", {"jobs": 1, "share": "the whole machine"}),
         "created": datetime.now(timezone.utc).isoformat(timespec="seconds"),
     }
 

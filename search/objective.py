@@ -6,6 +6,7 @@ values."""
 from __future__ import annotations
 
 import statistics
+import threading
 from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any, Callable
@@ -15,6 +16,7 @@ from optuna.trial import TrialState
 
 from search import results
 from search.definition import Definition
+from search.partition import Partition
 from search.runner import ChildResult, run_child
 from spaces.knobs import Context, Offer, Resolved, Space
 
@@ -23,7 +25,7 @@ ATTR_FIELDS = (
     "effective_batch_size", "peak_memory_mb", "burst_seconds", "window_rates", "nan_step",
     "amp_skipped_steps", "loader", "pipeline", "applied", "lr_scale", "evaluations", "target_reached",
     "time_to_accuracy", "settle_seconds", "settle_samples", "settle_drained", "short_windows", "unsettled",
-    "not_exercised", "trained_samples",
+    "not_exercised", "trained_samples", "placement",
 )
 
 
@@ -36,6 +38,7 @@ class Plan:
     offer: Offer
     ctx: Context
     workdir: str
+    placement: Partition | None = None  # the partition every child of this plan runs on (None: the whole machine)
 
     def lr_scale(self, knobs: dict[str, Any]) -> float:
         """The learning-rate factor [study] lr_scaling asks for, from the effective batch ratio."""
@@ -133,14 +136,15 @@ def report_from_child(child: ChildResult, resolved: dict[str, Resolved], is_base
 
 
 def measure_baseline(plan: Plan, resolved: dict[str, Resolved], tick: Callable[[float], None] | None = None,
-                     keep: Path | None = None) -> Report:
+                     keep: Path | None = None, cancel: threading.Event | None = None) -> Report:
     """The baseline, measured ``[guard] baseline_runs`` times with seeds seed, seed+1, ...: its
     accuracy is their mean (their spread widens the guard), its rate their median."""
-    report = measure(plan, resolved, True, tick=tick, keep=keep)
+    report = measure(plan, resolved, True, tick=tick, keep=keep, cancel=cancel)
     runs = plan.definition.guard.baseline_runs
     if report.outcome != "ok" or report.val_accuracy is None or runs < 2:
         return report
-    reports = [report] + [measure(plan, resolved, True, tick=tick, seed_offset=i) for i in range(1, runs)]
+    reports = [report] + [measure(plan, resolved, True, tick=tick, seed_offset=i, cancel=cancel)
+                          for i in range(1, runs)]
     ok = [r for r in reports if r.outcome == "ok" and r.val_accuracy is not None]
     report.attrs["baseline_runs"] = [{"seed_offset": i, "outcome": r.outcome, "val_accuracy": r.val_accuracy,
                                       "samples_per_second": r.samples_per_second}
@@ -176,17 +180,18 @@ def suggest(plan: Plan, trial: optuna.Trial) -> dict[str, Resolved]:
 def measure(plan: Plan, resolved: dict[str, Resolved], is_baseline: bool,
             tick: Callable[[float], None] | None = None,
             watch: Callable[[list[dict[str, Any]]], str | None] | None = None, seed_offset: int = 0,
-            keep: Path | None = None) -> Report:
+            keep: Path | None = None, cancel: threading.Event | None = None) -> Report:
     """Run the burst in a child and report what it measured (``watch`` may prune it). A
     combination the space knows cannot train correctly here is ``invalid`` without a child.
-    ``keep``: a directory for the child's output and request (the trial's artifacts)."""
+    ``keep``: a directory for the child's output and request (the trial's artifacts). The child
+    runs on ``plan.placement`` (a partition of the machine) when the run divides it."""
     values = {name: r.value for name, r in resolved.items()}
     problem = plan.space.invalid(values, plan.ctx)
     if problem:
         return report_from_child(ChildResult("invalid", {}, problem), resolved, is_baseline)
     request = plan.request(values, seed_offset)
     child = run_child(plan.definition.study.framework, "burst", request, plan.definition.burst.timeout_s,
-                      tick=tick, watch=watch, keep=keep)
+                      tick=tick, watch=watch, keep=keep, placement=plan.placement, cancel=cancel)
     return report_from_child(child, resolved, is_baseline)
 
 
@@ -230,10 +235,11 @@ def prune_rule(plan: Plan, study: optuna.Study) -> Callable[[list[dict[str, Any]
 
 
 def duplicate_of(study: optuna.Study, trial: optuna.Trial) -> int | None:
-    """The number of a finished trial with exactly these params, if any."""
+    """The number of another trial, finished or running, with exactly these params, if any."""
     params = trial.params
-    for other in study.get_trials(deepcopy=False, states=(TrialState.COMPLETE, TrialState.PRUNED)):
-        if other.params == params:
+    states = (TrialState.COMPLETE, TrialState.PRUNED, TrialState.RUNNING)  # running: being measured by another slot
+    for other in study.get_trials(deepcopy=False, states=states):
+        if other.number != trial.number and other.params == params:
             return other.number
     return None
 

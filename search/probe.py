@@ -10,6 +10,7 @@ import os
 from typing import Any
 
 from search.errors import RunError, UserError
+from search.partition import Partition
 from search.runner import run_child
 from trainers.common.builtins import FRAMEWORK_MODULES
 
@@ -34,13 +35,13 @@ def require_framework(framework: str) -> None:
 
 
 def probe(framework: str, workload: str | None = None, options: dict[str, Any] | None = None,
-          script: str | None = None, args: tuple[str, ...] = ()) -> dict[str, Any]:
+          script: str | None = None, args: tuple[str, ...] = (), placement: Partition | None = None) -> dict[str, Any]:
     """Fingerprint (and a description of the workload, or of the script run up to its first
-    batch, when one is given) from a child."""
+    batch, when one is given) from a child; on ``placement``, the fingerprint of that partition."""
     require_framework(framework)
     request = {"workload": workload, "workload_options": options or {}, "workdir": os.getcwd(),
                "script": script, "args": list(args)}
-    child = run_child(framework, "probe", request, PROBE_TIMEOUT_S)
+    child = run_child(framework, "probe", request, PROBE_TIMEOUT_S, placement=placement)
     if child.outcome == "error":
         raise UserError(child.failure or "the workload could not be built")
     if script and child.outcome == "crash":
@@ -50,9 +51,11 @@ def probe(framework: str, workload: str | None = None, options: dict[str, Any] |
     return child.data
 
 
-def probe_study(definition: Any, err: Any) -> dict[str, Any]:
+def probe_study(definition: Any, err: Any, placement: Partition | None = None) -> dict[str, Any]:
     """The probe for a study file's framework and workload (or script), announced on ``err``."""
     cfg = definition.study
     what = cfg.job if cfg.script else f"workload {cfg.workload!r}"
-    err.write(f"knobtune: probing {cfg.framework} and {what} ...\n")
-    return probe(cfg.framework, cfg.workload or None, definition.workload, cfg.script, cfg.args)
+    where = f" on partition {placement.index} (cores {','.join(map(str, placement.cores))}" + (
+        f", GPU {placement.gpu})" if placement.gpu is not None else ")") if placement is not None else ""
+    err.write(f"knobtune: probing {cfg.framework} and {what}{where} ...\n")
+    return probe(cfg.framework, cfg.workload or None, definition.workload, cfg.script, cfg.args, placement)

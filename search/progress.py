@@ -3,7 +3,8 @@ from __future__ import annotations
 
 import shutil
 import sys
-from typing import TextIO
+import time
+from typing import Callable, TextIO
 
 
 def rate(value: float | None) -> str:
@@ -11,41 +12,47 @@ def rate(value: float | None) -> str:
 
 
 class Progress:
-    """``[#####.....] 5/12  best 21,123 samples/s (#7)  trial #8 running 3.2 s``"""
+    """``[#####.....] 5/12  best 21,123 samples/s (#7)  trial #8 running 3 s`` (several trials at
+    once: ``trials #8, #9 running``)."""
 
-    def __init__(self, total: int, done: int, stream: TextIO | None = None, width: int = 24) -> None:
+    def __init__(self, total: int, done: int, stream: TextIO | None = None, width: int = 24,
+                 clock: Callable[[], float] = time.monotonic) -> None:
         self.total, self.done = total, done
         self.stream = stream or sys.stderr
         self.width = width
         self.live = self.stream.isatty()
         self.best: tuple[str, int] | None = None  # ("12,345 samples/s", trial number)
-        self.current: int | None = None
+        self.running: dict[int, float] = {}       # trial number -> when it started
+        self.clock = clock
 
-    def _bar(self, elapsed: float | None) -> str:
+    def _bar(self) -> str:
         filled = int(self.width * self.done / max(1, self.total))
         text = f"[{'#' * filled}{'.' * (self.width - filled)}] {self.done}/{self.total}"
         if self.best:
             text += f"  best {self.best[0]} (#{self.best[1]})"
-        if self.current is not None and elapsed is not None:
-            text += f"  trial #{self.current} running {elapsed:.0f} s"
+        if len(self.running) == 1:
+            number, since = next(iter(self.running.items()))
+            text += f"  trial #{number} running {self.clock() - since:.0f} s"
+        elif self.running:
+            text += f"  trials {', '.join(f'#{n}' for n in sorted(self.running))} running"
         columns = shutil.get_terminal_size((100, 20)).columns
         return text[: columns - 1]
 
-    def _draw(self, elapsed: float | None = None) -> None:
+    def _draw(self) -> None:
         if self.live:
-            self.stream.write("\r\033[K" + self._bar(elapsed))
+            self.stream.write("\r\033[K" + self._bar())
             self.stream.flush()
 
     def started(self, number: int) -> None:
-        self.current = number
-        self._draw(0.0)
+        self.running[number] = self.clock()
+        self._draw()
 
-    def tick(self, elapsed: float) -> None:
-        self._draw(elapsed)
+    def tick(self) -> None:
+        self._draw()
 
-    def finished(self, line: str) -> None:
+    def finished(self, line: str, number: int | None = None) -> None:
         self.done += 1
-        self.current = None
+        self.running.pop(number, None) if number is not None else self.running.clear()
         if self.live:
             self.stream.write("\r\033[K")
         self.stream.write(line + "\n")

@@ -15,14 +15,21 @@ import signal
 import subprocess
 import sys
 import tempfile
+import threading
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Callable
 
+from search.partition import Partition
+
 CHILD_OUTCOMES = ("ok", "nan", "oom", "invalid")
 TAIL_LINES = 15
 TAIL_CHARS = 2000
+
+
+class Cancelled(Exception):
+    """The run was interrupted while this child ran; its process group is gone."""
 
 
 @dataclass
@@ -73,6 +80,21 @@ def _die_with_parent() -> None:
         ctypes.CDLL("libc.so.6", use_errno=True).prctl(1, signal.SIGKILL)  # PR_SET_PDEATHSIG
     except (OSError, AttributeError):
         pass
+
+
+def _before_exec(placement: Partition | None) -> Callable[[], None] | None:
+    """What the child does between fork and exec: die with its parent (Linux), and keep to its
+    partition's cores."""
+    if sys.platform != "linux":
+        return None
+    if placement is None:
+        return _die_with_parent
+
+    def prepare() -> None:
+        _die_with_parent()
+        placement.pin()
+
+    return prepare
 
 
 def _tail(path: Path) -> str:
@@ -136,6 +158,8 @@ def run_child(
     poll_s: float = 0.25,
     watch: Callable[[list[dict[str, Any]]], str | None] | None = None,
     keep: Path | None = None,
+    placement: Partition | None = None,
+    cancel: threading.Event | None = None,
 ) -> ChildResult:
     """Run ``python -m trainers.<framework> <command>`` on ``request`` and classify the result.
 
@@ -143,7 +167,9 @@ def run_child(
     sees the windows measured so far; when it returns a reason the child's group is killed and the
     outcome is ``pruned`` (the segments are kept in ``data``). On KeyboardInterrupt the child's
     group is killed before the interrupt propagates. ``keep`` (a directory) receives the child's
-    whole output (``output.log``) and the request it ran (``request.json``).
+    whole output (``output.log``) and the request it ran (``request.json``). ``placement`` pins the
+    child to a partition of the machine (its cores and GPU) before it starts. When ``cancel`` is set
+    (another thread saw Ctrl-C), the child's group is killed and ``Cancelled`` raised.
     """
     with tempfile.TemporaryDirectory(prefix="knobtune-trial-") as tmp:
         tmp_path = Path(tmp)
@@ -151,13 +177,14 @@ def run_child(
         progress_path = tmp_path / "progress.jsonl"
         request_path.write_text(json.dumps({**request, "progress_path": str(progress_path)}))
         env = {**os.environ, "PYTHONUNBUFFERED": "1"}
+        if placement is not None:
+            env = placement.env(env)
         cmd = [sys.executable, "-m", f"trainers.{framework}", command,
                "--request", str(request_path), "--result", str(result_path)]
         start = time.monotonic()
         with open(log_path, "wb") as log:
             proc = subprocess.Popen(cmd, stdin=subprocess.DEVNULL, stdout=log, stderr=subprocess.STDOUT,
-                                    start_new_session=True, env=env,
-                                    preexec_fn=_die_with_parent if sys.platform == "linux" else None)
+                                    start_new_session=True, env=env, preexec_fn=_before_exec(placement))
         timed_out, pruned, seen = False, None, 0
         try:
             while True:
@@ -171,6 +198,10 @@ def run_child(
                         kill_group(proc.pid)
                         proc.wait()
                         break
+                    if cancel is not None and cancel.is_set():
+                        kill_group(proc.pid)
+                        proc.wait()
+                        raise Cancelled(f"cancelled after {elapsed:.1f} s")
                     if tick:
                         tick(elapsed)
                     if watch:

@@ -3,22 +3,27 @@ from __future__ import annotations
 
 import os
 import random
+import shutil
 import sys
 import tempfile
+import threading
 import time
+from concurrent.futures import FIRST_COMPLETED, Future, ThreadPoolExecutor, wait
+from dataclasses import dataclass, replace
 from pathlib import Path
-from typing import Any, TextIO
+from typing import Any, Callable, TextIO
 
 import optuna
 from optuna.trial import TrialState
 
-from search import __version__, artifacts, notes, results, story
+from search import __version__, artifacts, notes, partition, results, runlock, story
 from search.definition import Definition
 from search.errors import RunError, UserError
 from search.confirm import confirm
 from search.diagnose import diagnose_study
-from search.objective import (Plan, baseline_accuracies, duplicate_of, measure, measure_baseline, prune_rule,
-                              suggest, tell, without_unexercised)
+from search.objective import (Plan, Report, baseline_accuracies, duplicate_of, measure, measure_baseline,
+                              prune_rule, suggest, tell, without_unexercised)
+from search.partition import Partition
 from search.probe import probe_study
 from search.progress import Progress
 from search.storage import is_sqlite, open_storage, redact, resolve_url
@@ -30,7 +35,7 @@ RANDOM_TRIES = 2000
 HARDWARE_KEYS = ("cpu_model", "usable_cores", "gpus", "torch", "tensorflow", "cuda_version")
 
 
-def make_sampler(definition: Definition, total_trials: int) -> optuna.samplers.BaseSampler:
+def make_sampler(definition: Definition, total_trials: int, jobs: int = 1) -> optuna.samplers.BaseSampler:
     seed = definition.study.seed
     if definition.study.sampler == "random":
         return optuna.samplers.RandomSampler(seed=seed)
@@ -39,6 +44,7 @@ def make_sampler(definition: Definition, total_trials: int) -> optuna.samplers.B
         multivariate=True,
         group=True,  # conditional knobs (prefetch_factor only with workers) form their own groups
         n_startup_trials=max(3, min(10, total_trials // 3)),
+        constant_liar=jobs > 1,  # trials running at once: keep proposals apart
     )
 
 
@@ -89,7 +95,8 @@ def load_or_create(storage: Any, name: str, definition: Definition, fingerprint:
 
 
 def _fail_stale(study: optuna.Study) -> int:
-    """Trials left RUNNING by a run that died (SQLite has one writer, so none is live)."""
+    """Trials left RUNNING by a run that died (this run holds the study's SQLite run lock, so no
+    other run of it is live)."""
     stale = study.get_trials(deepcopy=False, states=[TrialState.RUNNING])
     for trial in stale:
         study._storage.set_trial_user_attr(trial._trial_id, "failure", "interrupted: its run ended without finishing it")
@@ -123,8 +130,11 @@ def _enqueue_advice(study: optuna.Study, plan: Plan) -> None:
 
 
 def _unmeasured(study: optuna.Study, plan: Plan, rng: random.Random) -> dict[str, Any] | None:
-    """Params of a random configuration no finished trial has measured (None if none is found)."""
+    """Params of a random configuration no trial has measured, is measuring or waits to measure
+    (None if none is found)."""
     seen = [t.params for t in results.finished(study)]
+    seen += [t.params for t in study.get_trials(deepcopy=False, states=(TrialState.RUNNING,))]
+    seen += [t.system_attrs.get("fixed_params", {}) for t in study.get_trials(deepcopy=False, states=(TrialState.WAITING,))]
     for _ in range(RANDOM_TRIES):
         params = plan.space.random_params(plan.offer, rng)
         if params not in seen:
@@ -200,20 +210,58 @@ def make_plan(definition: Definition, info: dict[str, Any]) -> Plan:
 def run(definition: Definition, storage_url: str | None = None, trials: int | None = None,
         timeout: float | None = None, name: str | None = None, out: TextIO = sys.stdout,
         err: TextIO = sys.stderr, confirm_winners: bool = True, diagnose: bool = True,
-        artifacts_option: str | None = None) -> int:
+        artifacts_option: str | None = None, jobs: str | None = None) -> int:
     """``knobtune run``: create or resume the study, run it to ``trials`` finished trials, then
     confirm the winner against noise and diagnose the bottleneck (once per winner). The story
-    (notes) and each trial's files (artifacts) go to the storage as it runs, for the dashboard."""
-    study_cfg = definition.study
-    name = name or study_cfg.name
-    target = trials if trials is not None else study_cfg.trials
+    (notes) and each trial's files (artifacts) go to the storage as it runs, for the dashboard.
+    On SQLite one run per study at a time: a second is refused (search/runlock.py)."""
+    name = name or definition.study.name
+    target = trials if trials is not None else definition.study.trials
     if target < 1:
         raise UserError(f"--trials must be >= 1, got {target}")
-    url = resolve_url(storage_url, study_cfg.storage)
+    url = resolve_url(storage_url, definition.study.storage)
     storage = open_storage(url)
+    with runlock.hold(url, name):
+        return _run(definition, url, storage, name, target, timeout, out, err, confirm_winners, diagnose,
+                    artifacts_option, jobs)
+
+
+def _share(slots: list[Partition | None]) -> dict[str, Any]:
+    """What each trial of the study measured: the whole machine, or one of ``jobs`` equal shares."""
+    first = slots[0]
+    if first is None:
+        return {"jobs": 1, "share": "the whole machine"}
+    return {"jobs": len(slots), "cores_per_trial": len(first.cores), "gpus_per_trial": 1 if first.gpu else 0,
+            "share": f"1/{len(slots)} of the machine: {len(first.cores)} core(s)" + (" and one GPU" if first.gpu else "")}
+
+
+def _partition(definition: Definition, info: dict[str, Any], jobs_option: str | None,
+               err: TextIO) -> tuple[list[Partition | None], dict[str, Any]]:
+    """The run's slots (``--jobs``) and the probe of one share: what each trial will see."""
+    gpus = partition.visible_gpus(len(info["fingerprint"].get("gpus") or []))
+    jobs = partition.jobs_count(jobs_option, gpus)
+    if jobs == 1:
+        return [None], info
+    cores = partition.machine_cores()
+    parts = partition.plan(jobs, cores, gpus)
+    share = len(parts[0].cores)
+    unused = len(cores) - share * jobs
+    err.write(f"knobtune: {jobs} trials at once, each pinned to {share} core(s)"
+              + (" and one GPU" if gpus else "") + (f" ({unused} core(s) left unused: the shares must be equal)"
+                                                     if unused else "")
+              + f"; each trial measures 1/{jobs} of this machine, and the winner is exported for that share "
+                f"(what one rank of a data-parallel job gets)\n")
+    return list(parts), probe_study(definition, err, parts[0])
+
+
+def _run(definition: Definition, url: str, storage: Any, name: str, target: int, timeout: float | None,
+         out: TextIO, err: TextIO, confirm_winners: bool, diagnose: bool, artifacts_option: str | None,
+         jobs_option: str | None) -> int:
+    study_cfg = definition.study
     artifact_dir = artifacts.resolve(url, artifacts_option)
     artifact_store = artifacts.store(artifacts.prepare(artifact_dir)) if artifact_dir is not None else None
     info = probe_study(definition, err)
+    slots, info = _partition(definition, info, jobs_option, err)
     fingerprint = info["fingerprint"]
     plan = make_plan(definition, info)
     _notes(plan, err)
@@ -221,7 +269,10 @@ def run(definition: Definition, storage_url: str | None = None, trials: int | No
     if warning:
         err.write(warning + "\n")
 
-    study, created = load_or_create(storage, name, definition, fingerprint, make_sampler(definition, target))
+    study, created = load_or_create(storage, name, definition, fingerprint,
+                                    make_sampler(definition, target, len(slots)))
+    if created:
+        study.set_user_attr("partition", _share(slots))
     if not created and is_sqlite(url):
         stale = _fail_stale(study)
         if stale:
@@ -245,91 +296,20 @@ def run(definition: Definition, storage_url: str | None = None, trials: int | No
                   "name a shared directory with --artifacts DIR to keep trial outputs for the dashboard\n")
     progress = Progress(target, min(done, target), err)
     progress.best = best_label(study)
-    started = time.monotonic()
-    trial = None
-    rng = random.Random(study_cfg.seed)
-    noted: set[str] = set()
+    search = _Search(study, plan, url, err, progress, artifact_store, slots, random.Random(study_cfg.seed))
     try:
-        while len(results.finished(study)) < target:
-            if timeout is not None and time.monotonic() - started > timeout:
-                err.write(f"knobtune: --timeout {timeout:g} s reached; stopping before the next trial\n")
-                break
-            trial = study.ask()
-            is_baseline = bool(trial.user_attrs.get("is_baseline"))
-            resolved = suggest(plan, trial)
-            twin = None if is_baseline else duplicate_of(study, trial)
-            if twin is not None:
-                # TPE converges on its favourite configuration; measuring it again teaches nothing.
-                # Skip it (uncounted) and explore an unmeasured configuration next.
-                trial.set_user_attr("duplicate_of", twin)
-                trial.set_user_attr("failure", f"skipped: same knobs as trial #{twin}")
-                study.tell(trial, state=TrialState.FAIL)
-                trial = None
-                fresh = _unmeasured(study, plan, rng)
-                if fresh is None:
-                    err.write("knobtune: every configuration of the space has been measured; stopping\n")
-                    break
-                study.enqueue_trial(fresh, user_attrs={"source": "explore"})
-                continue
-            if is_baseline:
-                trial.set_user_attr("role", story.ROLE_BASELINE)
-            else:
-                trial.set_user_attr("is_baseline", False)
-            if "source" not in trial.user_attrs:
-                trial.set_user_attr("source", study_cfg.sampler)
-            progress.started(trial.number)
-            with tempfile.TemporaryDirectory(prefix="knobtune-artifacts-") as kept_dir:
-                kept = Path(kept_dir) if artifact_store is not None else None
-                if is_baseline:
-                    report = measure_baseline(plan, resolved, tick=progress.tick, keep=kept)
-                else:
-                    report = measure(plan, resolved, False, tick=progress.tick, watch=prune_rule(plan, study),
-                                     keep=kept)
-                if kept is not None:
-                    artifacts.attach(study, trial, kept, report.attrs, artifact_store)
-            base = results.baseline(study)
-            base_ok = base is not None and base.user_attrs.get("outcome") == "ok"
-            base_acc = baseline_accuracies(base.user_attrs) if base_ok and not is_baseline else None
-            if not is_baseline and not base_ok:
-                raise RunError("no successful baseline trial to compare with; run again to re-measure it")
-            if report.outcome == "pruned":
-                full = [t.user_attrs["trial_seconds"] for t in results.feasible(study)]
-                if full:
-                    report.attrs["time_saved_seconds"] = round(max(0.0, sum(full) / len(full)
-                                                                   - report.attrs["trial_seconds"]), 2)
-            tell(study, trial, report, definition, base_acc)
-            finished_trial = study.trials[trial.number]
-            trial = None
-            progress.best = best_label(study)
-            base = results.baseline(study)
-            base_knobs = results.knob_values(base) if base else None
-            progress.finished(trial_line(finished_trial.number, finished_trial.user_attrs, progress.best, base_knobs))
-            notes.publish(study, url, f"after trial #{finished_trial.number}")
-            for attr, note in BURST_NOTES.items():  # once per run: the burst is too short for this
-                if finished_trial.user_attrs.get(attr) and attr not in noted:
-                    noted.add(attr)
-                    err.write(note(finished_trial.number, finished_trial.user_attrs[attr]) + "\n")
-            if is_baseline and report.outcome == "ok":
-                plan = _narrow(plan, report.attrs.get("not_exercised"), err)
-                _enqueue_advice(study, plan)
-            if is_baseline and report.outcome != "ok":
-                raise RunError(
-                    f"the baseline trial #{finished_trial.number} did not succeed ({report.outcome}: "
-                    f"{(report.attrs.get('failure') or '').splitlines()[0] if report.attrs.get('failure') else ''}); "
-                    f"every other trial is judged against it, so the study stops here"
-                )
+        search.run(target, timeout)
     except KeyboardInterrupt:
         progress.close()
-        if trial is not None:
-            try:
-                trial.set_user_attr("failure", "interrupted by the user (Ctrl-C)")
-                study.tell(trial, state=TrialState.FAIL)
-            except (RuntimeError, ValueError):  # the interrupt came after the trial was told
-                pass
+        search.stop("interrupted by the user (Ctrl-C)")
         kept = len(results.finished(study))
         notes.publish(study, url, "when the run was interrupted")
         err.write(f"\nknobtune: interrupted; {kept} finished trials are kept. Run the same command to resume.\n")
         return 130
+    except BaseException:
+        search.stop("interrupted: the run stopped on an error")
+        raise
+    plan = replace(search.plan, placement=slots[0])  # confirmation and diagnosis: on one share, as the trials
     progress.close()
     if len(results.finished(study)) >= target:
         try:
@@ -340,6 +320,167 @@ def run(definition: Definition, storage_url: str | None = None, trials: int | No
     notes.publish(study, url, "at the end of the run")  # also gives a study made before notes existed its story
     out.write(study_summary(study, url) + "\n")
     return 0
+
+
+@dataclass
+class _Running:
+    trial: optuna.Trial
+    is_baseline: bool
+    slot: Partition | None
+    kept: Path | None
+
+
+class _Search:
+    """The trial loop: asks Optuna for trials and measures up to one per slot at once (a slot is
+    a partition of the machine, or the whole machine when there is one slot). Only this thread
+    talks to the storage; the slots' threads run the children."""
+
+    def __init__(self, study: optuna.Study, plan: Plan, url: str, err: TextIO, progress: Progress,
+                 artifact_store: Any, slots: list[Partition | None], rng: random.Random) -> None:
+        self.study, self.plan, self.url, self.err, self.progress = study, plan, url, err, progress
+        self.artifact_store, self.rng = artifact_store, rng
+        self.free = list(slots)
+        self.running: dict[Future[Report], _Running] = {}
+        self.cancel = threading.Event()
+        self.pool = ThreadPoolExecutor(max_workers=len(slots), thread_name_prefix="knobtune-slot")
+        self.noted: set[str] = set()
+
+    def _baseline_ok(self) -> bool:
+        base = results.baseline(self.study)
+        return base is not None and base.user_attrs.get("outcome") == "ok"
+
+    def run(self, target: int, timeout: float | None) -> None:
+        started, submitting = time.monotonic(), True
+        try:
+            while True:
+                if submitting and timeout is not None and time.monotonic() - started > timeout:
+                    self.err.write(f"knobtune: --timeout {timeout:g} s reached; starting no new trial\n")
+                    submitting = False
+                # nothing runs beside the baseline: every other trial is judged against it
+                while (submitting and self.free and len(results.finished(self.study)) + len(self.running) < target
+                       and (self._baseline_ok() or not self.running)):
+                    step = self._start()
+                    if step == "exhausted":
+                        submitting = False
+                    if step in ("exhausted", "wait"):
+                        break
+                if not self.running:
+                    return
+                done, _ = wait(self.running, timeout=0.25, return_when=FIRST_COMPLETED)
+                self.progress.tick()
+                for future in done:
+                    self._finish(future)
+        finally:
+            self.pool.shutdown(wait=False)
+
+    def _start(self) -> str:
+        """Ask for a trial and start it on a free slot: "started"; or skip a duplicate: "skipped"
+        ("wait" when only the running trials' results can tell what to explore next, "exhausted"
+        when the space has no unmeasured configuration left)."""
+        study, plan = self.study, self.plan
+        trial = study.ask()
+        is_baseline = bool(trial.user_attrs.get("is_baseline"))
+        resolved = suggest(plan, trial)
+        twin = None if is_baseline else duplicate_of(study, trial)
+        if twin is not None:
+            # TPE converges on its favourite configuration; measuring it again teaches nothing.
+            # Skip it (uncounted) and explore an unmeasured configuration next.
+            trial.set_user_attr("duplicate_of", twin)
+            trial.set_user_attr("failure", f"skipped: same knobs as trial #{twin}")
+            study.tell(trial, state=TrialState.FAIL)
+            fresh = _unmeasured(study, plan, self.rng)
+            if fresh is None:
+                if not self.running:
+                    self.err.write("knobtune: every configuration of the space has been measured; stopping\n")
+                    return "exhausted"
+                return "wait"
+            study.enqueue_trial(fresh, user_attrs={"source": "explore"})
+            return "skipped"
+        if is_baseline:
+            trial.set_user_attr("role", story.ROLE_BASELINE)
+        else:
+            trial.set_user_attr("is_baseline", False)
+        if "source" not in trial.user_attrs:
+            trial.set_user_attr("source", plan.definition.study.sampler)
+        slot = self.free.pop(0)
+        if slot is not None:
+            trial.set_user_attr("partition", slot.describe())
+        kept = Path(tempfile.mkdtemp(prefix="knobtune-artifacts-")) if self.artifact_store is not None else None
+        slot_plan = replace(plan, placement=slot) if slot is not None else plan
+        watch = None if is_baseline else prune_rule(plan, study)
+        self.progress.started(trial.number)
+        future = self.pool.submit(self._measure, slot_plan, resolved, is_baseline, watch, kept)
+        self.running[future] = _Running(trial, is_baseline, slot, kept)
+        return "started"
+
+    def _measure(self, plan: Plan, resolved: dict[str, Any], is_baseline: bool,
+                 watch: Callable[[list[dict[str, Any]]], str | None] | None, kept: Path | None) -> Report:
+        """In a slot's thread: the child (children, for the baseline's several seeds)."""
+        if is_baseline:
+            return measure_baseline(plan, resolved, keep=kept, cancel=self.cancel)
+        return measure(plan, resolved, False, watch=watch, keep=kept, cancel=self.cancel)
+
+    def _finish(self, future: Future[Report]) -> None:
+        running = self.running.pop(future)
+        self.free.append(running.slot)
+        study, trial, is_baseline = self.study, running.trial, running.is_baseline
+        try:
+            report = future.result()
+            if running.kept is not None:
+                artifacts.attach(study, trial, running.kept, report.attrs, self.artifact_store)
+        finally:
+            if running.kept is not None:
+                shutil.rmtree(running.kept, ignore_errors=True)
+        base = results.baseline(study)
+        base_ok = base is not None and base.user_attrs.get("outcome") == "ok"
+        base_acc = baseline_accuracies(base.user_attrs) if base_ok and not is_baseline else None
+        if not is_baseline and not base_ok:
+            raise RunError("no successful baseline trial to compare with; run again to re-measure it")
+        if report.outcome == "pruned":
+            full = [t.user_attrs["trial_seconds"] for t in results.feasible(study)]
+            if full:
+                report.attrs["time_saved_seconds"] = round(max(0.0, sum(full) / len(full)
+                                                               - report.attrs["trial_seconds"]), 2)
+        tell(study, trial, report, self.plan.definition, base_acc)
+        finished = study.trials[trial.number]
+        self.progress.best = best_label(study)
+        base = results.baseline(study)
+        base_knobs = results.knob_values(base) if base else None
+        self.progress.finished(trial_line(finished.number, finished.user_attrs, self.progress.best, base_knobs),
+                               finished.number)
+        notes.publish(study, self.url, f"after trial #{finished.number}")
+        for attr, note in BURST_NOTES.items():  # once per run: the burst is too short for this
+            if finished.user_attrs.get(attr) and attr not in self.noted:
+                self.noted.add(attr)
+                self.err.write(note(finished.number, finished.user_attrs[attr]) + "\n")
+        if is_baseline and report.outcome == "ok":
+            self.plan = _narrow(self.plan, report.attrs.get("not_exercised"), self.err)
+            _enqueue_advice(study, self.plan)
+        if is_baseline and report.outcome != "ok":
+            raise RunError(
+                f"the baseline trial #{finished.number} did not succeed ({report.outcome}: "
+                f"{(report.attrs.get('failure') or '').splitlines()[0] if report.attrs.get('failure') else ''}); "
+                f"every other trial is judged against it, so the study stops here"
+            )
+
+    def stop(self, reason: str) -> None:
+        """Kill the running children (each slot's thread sees the cancel within a poll), wait for
+        them, and mark their trials failed with ``reason``: a resumed run measures them again."""
+        self.cancel.set()
+        for future, running in list(self.running.items()):
+            try:
+                future.result(timeout=60)
+            except BaseException:  # Cancelled, as a rule
+                pass
+            if running.kept is not None:
+                shutil.rmtree(running.kept, ignore_errors=True)
+            try:
+                running.trial.set_user_attr("failure", reason)
+                self.study.tell(running.trial, state=TrialState.FAIL)
+            except (RuntimeError, ValueError):  # already told
+                pass
+        self.running.clear()
+        self.pool.shutdown(wait=True)
 
 
 def _narrow(plan: Plan, not_exercised: dict[str, str] | None, err: TextIO | None) -> Plan:

@@ -212,6 +212,44 @@ def test_ctrl_c_stops_cleanly_and_keeps_finished_trials(tmp_path: Path):
     assert f"resuming, {len(done)} trials done" in proc2.stderr
 
 
+def test_a_second_run_of_a_live_study_is_refused_and_a_killed_run_frees_it(tmp_path: Path):
+    body = STUDY.format(burst=TINY_BURST.replace("timeout_s = 120", "timeout_s = 600"))
+    path = study_file(tmp_path, body.replace("trials = 3", "trials = 8"))
+    log = tmp_path / "stderr.txt"
+    with open(log, "a") as stream:
+        first = subprocess.Popen([sys.executable, "-m", "search.cli", "run", str(path), *FAST], cwd=tmp_path,
+                                 stdout=subprocess.DEVNULL, stderr=stream, text=True)
+    try:
+        def running_trial() -> int | None:
+            deadline = time.monotonic() + 480
+            while time.monotonic() < deadline and first.poll() is None:
+                time.sleep(0.2)
+                if re.search(r"^trial #\d+ ", log_text(log), re.M) and burst_children(first.pid):
+                    return burst_children(first.pid)[0].pid
+            raise AssertionError(f"no running trial seen (exit {first.poll()}):\n{log_text(log)}")
+
+        running_trial()
+        second = knobtune("run", str(path), *FAST, cwd=tmp_path, check=2)
+        line = second.stderr.strip()
+        assert "\n" not in line and f"study 'tiny' on sqlite:///knobtune.db is being run by knobtune (pid {first.pid} " in line
+        assert first.poll() is None  # the first run goes on, its live trial untouched
+        child = running_trial()
+        first.kill()  # SIGKILL: no clean-up runs; the kernel releases the lock, the child dies with its parent
+        first.wait(timeout=60)
+        if psutil.pid_exists(child):
+            psutil.wait_procs([psutil.Process(child)], timeout=30)
+    finally:
+        if first.poll() is None:
+            first.kill()
+    # (killed mid-trial, as a rule; between a trial's end and the next one's start nothing runs)
+    left = [t for t in load(tmp_path).trials if t.state == optuna.trial.TrialState.RUNNING]
+    assert len(left) <= 1
+    done = len([t for t in load(tmp_path).trials if t.state.is_finished() and t.user_attrs.get("outcome")])
+    third = knobtune("run", str(path), "--trials", str(done + 1), *FAST, cwd=tmp_path, check=0)
+    assert ("marked 1 trial(s) left running by an earlier run as failed" in third.stderr) == bool(left)
+    assert not list(tmp_path.glob("*.lock"))  # released when the run ended
+
+
 def log_text(log: Path) -> str:
     return log.read_text(errors="replace")
 

@@ -45,6 +45,10 @@ def add(subparsers: argparse._SubParsersAction) -> None:
                    help="where each trial's output, request and window chart go, for the dashboard (default: "
                         "beside the SQLite file, e.g. knobtune-artifacts/; none for a server database; "
                         "'none' turns them off)")
+    p.add_argument("--jobs", metavar="N|auto",
+                   help="trials at once, each pinned to its own share of the machine: one GPU each (auto: one "
+                        "per GPU) and an equal share of the CPU cores; the winner is exported for that share "
+                        "(default: 1, the whole machine)")
     p.set_defaults(func=main)
 
 
@@ -54,4 +58,4 @@ def main(args: argparse.Namespace) -> int:
         raise UserError("--name must not be empty")
     return study.run(parsed, storage_url=args.storage, trials=args.trials, timeout=args.timeout, name=args.name,
                      confirm_winners=not args.no_confirm, diagnose=not args.no_diagnose,
-                     artifacts_option=args.artifacts)
+                     artifacts_option=args.artifacts, jobs=args.jobs)

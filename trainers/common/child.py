@@ -54,7 +54,7 @@ def main(framework: str, commands: tuple[str, ...], handlers: Callable[[], dict[
          argv: list[str] | None = None) -> NoReturn:
     """Parse the command line, check the framework's version, run the command's handler
     (``handlers()`` imports them, after the check), write the result and exit at once."""
-    from trainers.common import versions
+    from trainers.common import hostinfo, versions
 
     parser = argparse.ArgumentParser(prog=f"python -m trainers.{framework}")
     parser.add_argument("command", choices=sorted(commands))
@@ -71,6 +71,7 @@ def main(framework: str, commands: tuple[str, ...], handlers: Callable[[], dict[
         if problem:
             raise WorkloadError(problem)
         result = handlers()[args.command](request)
+        result["placement"] = hostinfo.placement()
         code = 0
     except WorkloadError as exc:
         result, code = {"error": str(exc)}, 2

@@ -73,3 +73,13 @@ def host() -> dict[str, object]:
         "sqlalchemy": package_version("sqlalchemy"),
         "knobtune": package_version("knobtune"),
     }
+
+
+def placement() -> dict[str, object]:
+    """Where this process really runs: its CPU affinity and the GPUs it was shown (a trial's
+    result carries it, so a partitioned run can show that no two trials overlapped)."""
+    try:
+        affinity: list[int] | None = sorted(os.sched_getaffinity(0))
+    except AttributeError:  # not Linux
+        affinity = None
+    return {"affinity": affinity, "cuda_visible_devices": os.environ.get("CUDA_VISIBLE_DEVICES")}

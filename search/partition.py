@@ -1,0 +1,85 @@
+"""Dividing one machine between trials that run at once: each gets its own GPU (when there are
+GPUs) and its own share of the CPU cores, so no two trials distort each other's numbers.
+
+A child is pinned before it starts (``CUDA_VISIBLE_DEVICES``; CPU affinity, which its DataLoader
+workers and tf.data threads inherit), and reads its placement back into its result.
+"""
+from __future__ import annotations
+
+import math
+import os
+from dataclasses import dataclass
+from typing import Any
+
+from search.errors import UserError
+
+
+@dataclass(frozen=True)
+class Partition:
+    """One trial slot: its index, the CPU cores it may use and the GPU it sees (a
+    ``CUDA_VISIBLE_DEVICES`` entry), or None for every GPU (or none on a CPU box)."""
+
+    index: int
+    cores: tuple[int, ...]
+    gpu: str | None = None
+
+    def env(self, base: dict[str, str]) -> dict[str, str]:
+        """The child's environment: ``base`` with this partition's GPU made the only one visible."""
+        return base if self.gpu is None else {**base, "CUDA_VISIBLE_DEVICES": self.gpu}
+
+    def pin(self) -> None:
+        """In the child, before exec: run on this partition's cores only."""
+        os.sched_setaffinity(0, self.cores)
+
+    def describe(self) -> dict[str, Any]:
+        return {"index": self.index, "cores": list(self.cores), "gpu": self.gpu}
+
+
+def machine_cores() -> list[int]:
+    """The cores this process may use (its affinity, capped by a cgroup CPU quota)."""
+    cores = sorted(os.sched_getaffinity(0))
+    try:
+        quota, period = open("/sys/fs/cgroup/cpu.max").read().split()[:2]
+        if quota != "max":
+            cores = cores[:max(1, math.ceil(int(quota) / int(period)))]
+    except (OSError, ValueError):
+        pass
+    return cores
+
+
+def visible_gpus(count: int, environ: dict[str, str] | None = None) -> list[str]:
+    """The ``CUDA_VISIBLE_DEVICES`` entries for the ``count`` GPUs this process sees: the parent's
+    own list when it has one (so a box restricted to GPUs 2,3 hands out 2 and 3), else 0..count-1."""
+    env = os.environ if environ is None else environ
+    listed = [g.strip() for g in env.get("CUDA_VISIBLE_DEVICES", "").split(",") if g.strip()]
+    if "CUDA_VISIBLE_DEVICES" in env and listed:
+        return listed[:count]
+    return [str(i) for i in range(count)]
+
+
+def jobs_count(option: str | int | None, gpus: list[str]) -> int:
+    """``--jobs``: a number, or "auto" (one per GPU; 1 on a CPU-only machine); default 1."""
+    if option is None:
+        return 1
+    if str(option).lower() == "auto":
+        return max(1, len(gpus))
+    try:
+        jobs = int(option)
+    except ValueError:
+        raise UserError(f"--jobs {option!r}: expected a number >= 1 or 'auto'") from None
+    if jobs < 1:
+        raise UserError(f"--jobs {jobs}: expected a number >= 1 or 'auto'")
+    return jobs
+
+
+def plan(jobs: int, cores: list[int], gpus: list[str]) -> list[Partition]:
+    """``jobs`` equal partitions: one GPU each when there are GPUs, and the same number of cores
+    each (cores that do not divide evenly are left unused: unequal shares would not compare)."""
+    if gpus and jobs > len(gpus):
+        raise UserError(f"--jobs {jobs}: this machine has {len(gpus)} GPU(s) ({', '.join(gpus)}); at most one trial "
+                        f"per GPU")
+    if jobs > len(cores):
+        raise UserError(f"--jobs {jobs}: this machine has {len(cores)} usable core(s) "
+                        f"({', '.join(map(str, cores))}); each trial needs at least one")
+    share = len(cores) // jobs
+    return [Partition(i, tuple(cores[i * share:(i + 1) * share]), gpus[i] if gpus else None) for i in range(jobs)]
