@@ -13,6 +13,7 @@ sys.path.insert(0, str(ROOT))
 
 from search import definition  # noqa: E402
 from search.objective import Plan, Report, measure  # noqa: E402
+from search.partition import Partition  # noqa: E402
 from search.probe import probe  # noqa: E402
 from spaces import for_framework  # noqa: E402
 
@@ -43,7 +44,8 @@ def study_text(name: str, framework: str, trials: int, seed: int, space: str) ->
     return STUDY_HEAD.format(name=name, framework=framework, trials=trials, seed=seed) + space
 
 
-def run_study(text: str, url: str, confirm: bool = False, diagnose: bool = False) -> tuple[Any, float]:
+def run_study(text: str, url: str, confirm: bool = False, diagnose: bool = False,
+              jobs: str | None = None) -> tuple[Any, float]:
     """Run the study in ``text`` on storage ``url`` (its trial lines to stdout); the study, wall s.
     Confirmation and diagnosis are off unless asked for: the benchmarks re-measure side by side."""
     import io
@@ -55,17 +57,19 @@ def run_study(text: str, url: str, confirm: bool = False, diagnose: bool = False
 
     d = definition.parse(text, default_name="benchmark")
     start = time.monotonic()
-    study_mod.run(d, storage_url=url, out=io.StringIO(), err=sys.stdout, confirm_winners=confirm, diagnose=diagnose)
+    study_mod.run(d, storage_url=url, out=io.StringIO(), err=sys.stdout, confirm_winners=confirm, diagnose=diagnose,
+                  jobs=jobs)
     return optuna.load_study(study_name=d.study.name, storage=url), time.monotonic() - start
 
 
-def plan_for(study_text: str) -> Plan:
-    """A Plan (what every trial shares) for a study file's text, probed on this machine."""
+def plan_for(study_text: str, placement: Partition | None = None) -> Plan:
+    """A Plan (what every trial shares) for a study file's text, probed on this machine (on
+    ``placement``, a partition of it, when given: every measurement then runs there)."""
     d = definition.parse(study_text, source="<benchmark>", default_name="benchmark")
-    info = probe(d.study.framework, d.study.workload, d.workload)
+    info = probe(d.study.framework, d.study.workload, d.workload, placement=placement)
     ctx = {"hardware": info["fingerprint"]["hardware"], "workload": info["workload"]}
     space = for_framework(d.study.framework)
-    return Plan(d, space, space.offer(ctx, d.space, d.baseline), ctx, os.getcwd())
+    return Plan(d, space, space.offer(ctx, d.space, d.baseline), ctx, os.getcwd(), placement)
 
 
 def run_params(plan: Plan, params: dict[str, Any], label: str = "", seed_offset: int = 0) -> Report:
