@@ -113,7 +113,7 @@ def attach(study: optuna.Study, trial: optuna.Trial, kept: Path, attrs: dict[str
             upload_artifact(artifact_store=artifact_store, file_path=str(path), study_or_trial=trial,
                             mimetype=mimetype, encoding="utf-8" if mimetype.startswith("text") else None)
             stored += 1
-        except (OSError, ValueError, RuntimeError):
+        except Exception:  # noqa: BLE001 - a storage or store error: skip the file, keep the measurement
             continue
     return stored
 

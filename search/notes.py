@@ -61,3 +61,19 @@ def publish(study: optuna.Study, url: str, stage: str | None = None) -> None:
             version = int(attrs.get(note_ver_key(trial_id), get_note_from_system_attrs(attrs, trial_id)["version"]))
             _save(storage, study_id, trial_id, body, version + 1)
     study.set_user_attr("roles", {str(n): role for n, role in story.roles(study).items()})
+
+
+_warned: set[str] = set()
+
+
+def publish_safely(study: optuna.Study, url: str, stage: str | None, err: Any) -> None:
+    """``publish``, in the middle of a search: a note that cannot be written is said once and
+    the search goes on (the measurements matter more than their story)."""
+    try:
+        publish(study, url, stage)
+    except Exception as exc:  # noqa: BLE001 - whatever the dashboard's note format or the storage raise
+        text = f"{type(exc).__name__}: {exc}"
+        if text not in _warned:
+            _warned.add(text)
+            err.write(f"knobtune: warning: the study's dashboard notes could not be written ({text}); the search "
+                      f"goes on\n")

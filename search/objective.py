@@ -234,12 +234,15 @@ def prune_rule(plan: Plan, study: optuna.Study) -> Callable[[list[dict[str, Any]
     return too_slow
 
 
-def duplicate_of(study: optuna.Study, trial: optuna.Trial) -> int | None:
-    """The number of another trial, finished or running, with exactly these params, if any."""
+def duplicate_of(study: optuna.Study, trial: optuna.Trial, running: set[int] = frozenset()) -> int | None:  # type: ignore[assignment]
+    """The number of a finished trial, or of one this run is measuring (``running``), with exactly
+    these params, if any. (A RUNNING trial of a run that died elsewhere does not count.)"""
     params = trial.params
-    states = (TrialState.COMPLETE, TrialState.PRUNED, TrialState.RUNNING)  # running: being measured by another slot
+    states = (TrialState.COMPLETE, TrialState.PRUNED, TrialState.RUNNING)
     for other in study.get_trials(deepcopy=False, states=states):
-        if other.number != trial.number and other.params == params:
+        if other.number == trial.number or (other.state == TrialState.RUNNING and other.number not in running):
+            continue
+        if other.params == params:
             return other.number
     return None
 

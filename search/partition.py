@@ -57,12 +57,35 @@ def visible_gpus(count: int, environ: dict[str, str] | None = None) -> list[str]
     return [str(i) for i in range(count)]
 
 
-def jobs_count(option: str | int | None, gpus: list[str]) -> int:
-    """``--jobs``: a number, or "auto" (one per GPU; 1 on a CPU-only machine); default 1."""
+def physical_groups(cores: list[int], root: str = "/sys/devices/system/cpu") -> list[tuple[int, ...]]:
+    """``cores`` grouped by physical core: hyperthreads of one core (``thread_siblings_list``)
+    form one group, which a partition takes whole. Without topology information each core is
+    its own group."""
+    allowed, groups, seen = set(cores), [], set()
+    for core in cores:
+        if core in seen:
+            continue
+        try:
+            text = open(f"{root}/cpu{core}/topology/thread_siblings_list").read().strip()
+            siblings = set()
+            for part in text.split(","):
+                low, _, high = part.partition("-")
+                siblings.update(range(int(low), int(high or low) + 1))
+        except (OSError, ValueError):
+            siblings = {core}
+        group = tuple(sorted((siblings & allowed) | {core}))
+        seen.update(group)
+        groups.append(group)
+    return groups
+
+
+def jobs_count(option: str | int | None, gpus: list[str], cores: int | None = None) -> int:
+    """``--jobs``: a number, or "auto" (one per GPU, at most one per physical core; 1 on a
+    CPU-only machine); default 1."""
     if option is None:
         return 1
     if str(option).lower() == "auto":
-        return max(1, len(gpus))
+        return max(1, min(len(gpus), cores) if cores is not None else len(gpus))
     try:
         jobs = int(option)
     except ValueError:
@@ -72,14 +95,20 @@ def jobs_count(option: str | int | None, gpus: list[str]) -> int:
     return jobs
 
 
-def plan(jobs: int, cores: list[int], gpus: list[str]) -> list[Partition]:
-    """``jobs`` equal partitions: one GPU each when there are GPUs, and the same number of cores
-    each (cores that do not divide evenly are left unused: unequal shares would not compare)."""
+def plan(jobs: int, cores: list[int], gpus: list[str], groups: list[tuple[int, ...]] | None = None) -> list[Partition]:
+    """``jobs`` equal partitions: one GPU each when there are GPUs, and the same number of
+    physical cores each (``groups``: hyperthread siblings stay together, so two trials never
+    share a physical core; cores that do not divide evenly are left unused: unequal shares would
+    not compare)."""
+    groups = groups if groups is not None else [(c,) for c in cores]
     if gpus and jobs > len(gpus):
         raise UserError(f"--jobs {jobs}: this machine has {len(gpus)} GPU(s) ({', '.join(gpus)}); at most one trial "
                         f"per GPU")
-    if jobs > len(cores):
-        raise UserError(f"--jobs {jobs}: this machine has {len(cores)} usable core(s) "
-                        f"({', '.join(map(str, cores))}); each trial needs at least one")
-    share = len(cores) // jobs
-    return [Partition(i, tuple(cores[i * share:(i + 1) * share]), gpus[i] if gpus else None) for i in range(jobs)]
+    if jobs > len(groups):
+        what = (f"{len(cores)} usable core(s) ({', '.join(map(str, cores))})" if len(groups) == len(cores) else
+                f"{len(groups)} physical core(s) ({' '.join('+'.join(map(str, g)) for g in groups)}: hyperthreads of "
+                f"one core stay together)")
+        raise UserError(f"--jobs {jobs}: this machine has {what}; each trial needs at least one")
+    share = len(groups) // jobs
+    return [Partition(i, tuple(c for g in groups[i * share:(i + 1) * share] for c in g), gpus[i] if gpus else None)
+            for i in range(jobs)]

@@ -71,15 +71,26 @@ def kill_group(pgid: int, wait_s: float = 10.0) -> None:
         time.sleep(0.05)
 
 
-def _die_with_parent() -> None:
-    """In the child, before exec: get SIGKILL if the knobtune process dies (Linux), so a killed
-    run leaves no trial running on; DataLoader workers already exit when their parent goes."""
+def _libc() -> Any:
     try:
         import ctypes
 
-        ctypes.CDLL("libc.so.6", use_errno=True).prctl(1, signal.SIGKILL)  # PR_SET_PDEATHSIG
+        return ctypes.CDLL("libc.so.6", use_errno=True)
     except (OSError, AttributeError):
-        pass
+        return None
+
+
+# Loaded here, in the parent: between fork and exec the child only calls it. (A dlopen there could
+# wait forever on a loader lock another of the parent's threads held at the fork: --jobs forks
+# children from several threads.)
+_LIBC = _libc() if sys.platform == "linux" else None
+
+
+def _die_with_parent() -> None:
+    """In the child, before exec: get SIGKILL if the knobtune process dies (Linux), so a killed
+    run leaves no trial running on; DataLoader workers already exit when their parent goes."""
+    if _LIBC is not None:
+        _LIBC.prctl(1, signal.SIGKILL)  # PR_SET_PDEATHSIG
 
 
 def _before_exec(placement: Partition | None) -> Callable[[], None] | None:

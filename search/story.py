@@ -145,7 +145,10 @@ def _badge_sentence(study: optuna.Study, winner: FrozenTrial | None) -> str | No
         return None
     key = str(badge.number)
     paired = (confirmed.get("paired") or {}).get(key)
-    if paired and paired.get("speedup"):
+    if badge.number == confirmed.get("baseline"):
+        held = (f" side by side trial #{winner.number} beat it"
+                + (f" ({confirmed['speedup']:.2f}x over the rounds)" if confirmed.get("speedup") else ""))
+    elif paired and paired.get("speedup"):
         held = f" side by side it ran at {paired['speedup']:.2f}x the baseline"
     elif key in (confirmed.get("runs") or {}):
         accuracy = (confirmed.get("mean_accuracies") or {}).get(key)
@@ -157,8 +160,9 @@ def _badge_sentence(study: optuna.Study, winner: FrozenTrial | None) -> str | No
         held = " it was not among the candidates confirmed side by side"
     cv = badge.user_attrs.get("samples_per_second_cv")
     noise = f" (its windows varied by {cv:.0%})" if cv else ""
+    best_word = "lowest time" if results.mode(study) == "time-to-accuracy" else "highest"
     return (f"optuna-dashboard's \"Best Trial\" badge marks trial #{badge.number}: its single measurement was the "
-            f"highest{noise}, but{held}. Identical configurations vary from minute to minute on a shared machine, "
+            f"{best_word}{noise}, but{held}. Identical configurations vary from minute to minute on a shared machine, "
             f"so knobtune trusts the interleaved rounds: the winner, and what `knobtune export` writes, is "
             f"trial #{winner.number}.")
 
@@ -174,8 +178,7 @@ def _outcomes(study: optuna.Study) -> list[str]:
                      f"they were neither measured again nor counted (Optuna shows them as Fail: it has no "
                      f"\"skipped\" state; they are not failures)")
     if interrupted:
-        items.append(f"{len(interrupted)} trial(s) interrupted (Ctrl-C, or a run that stopped) and measured again "
-                     f"on resume")
+        items.append(f"{len(interrupted)} trial(s) interrupted (Ctrl-C, or a run that stopped): not counted")
     pruned = [t for t in results.finished(study) if t.user_attrs.get("outcome") == "pruned"]
     if pruned:
         saved = sum(t.user_attrs.get("time_saved_seconds", 0) for t in pruned)
@@ -283,14 +286,15 @@ def trial_story(study: optuna.Study, trial: FrozenTrial, url: str) -> list[Block
     twin = attrs.get("duplicate_of")
     if trial.state == TrialState.FAIL and twin is not None:
         return [("h", f"Trial #{trial.number}: skipped (a duplicate proposal, not a failure)"),
-                ("p", f"The sampler proposed the same knobs as trial #{twin}, which was already measured. knobtune "
-                      f"did not measure them again and did not count this trial; the search went on with a "
-                      f"configuration not yet measured. Optuna has no \"skipped\" state, so it lists this trial "
-                      f"as Fail.")]
+                ("p", f"The sampler proposed the same knobs as trial #{twin}, which was measured (or being "
+                      f"measured) already. knobtune did not measure them again and did not count this trial; the "
+                      f"search went on with a configuration not yet measured. Optuna has no \"skipped\" state, "
+                      f"so it lists this trial as Fail.")]
     if trial.state == TrialState.FAIL:
         return [("h", f"Trial #{trial.number}: interrupted"),
                 ("p", f"{attrs.get('failure') or 'The run stopped while this trial was running.'} It was not "
-                      f"counted; a resumed run measures its configuration again.")]
+                      f"counted, and its measurement, if any, was not kept; the sampler may propose its "
+                      f"configuration again.")]
     outcome = attrs.get("outcome")
     if outcome == "ok" and role is None:
         return None

@@ -87,9 +87,12 @@ def load_or_create(storage: Any, name: str, definition: Definition, fingerprint:
         )
     diffs = _differences(_hardware(attrs.get("fingerprint", {})), _hardware(fingerprint))
     if diffs:
+        share = attrs.get("partition") or {"jobs": 1}
+        hint = (f"; its trials ran with --jobs {share['jobs']} ({share.get('share', 'the whole machine')}): pass the "
+                f"same --jobs to resume it" if any(d.startswith(("usable_cores", "gpus")) for d in diffs) else "")
         raise UserError(
-            f"study {name!r} was measured on different hardware or software ({'; '.join(diffs[:3])}); "
-            f"use --name for a new study on this machine"
+            f"study {name!r} was measured on different hardware or software ({'; '.join(diffs[:3])}){hint}; "
+            f"or use --name for a new study on this machine"
         )
     return study, False
 
@@ -129,11 +132,12 @@ def _enqueue_advice(study: optuna.Study, plan: Plan) -> None:
         study.enqueue_trial(advice, user_attrs={"source": "advice"})
 
 
-def _unmeasured(study: optuna.Study, plan: Plan, rng: random.Random) -> dict[str, Any] | None:
-    """Params of a random configuration no trial has measured, is measuring or waits to measure
-    (None if none is found)."""
+def _unmeasured(study: optuna.Study, plan: Plan, rng: random.Random,
+                running: set[int] = frozenset()) -> dict[str, Any] | None:  # type: ignore[assignment]
+    """Params of a random configuration no trial has measured, is measuring (``running``: this
+    run's) or waits to measure (None if none is found)."""
     seen = [t.params for t in results.finished(study)]
-    seen += [t.params for t in study.get_trials(deepcopy=False, states=(TrialState.RUNNING,))]
+    seen += [t.params for t in study.get_trials(deepcopy=False, states=(TrialState.RUNNING,)) if t.number in running]
     seen += [t.system_attrs.get("fixed_params", {}) for t in study.get_trials(deepcopy=False, states=(TrialState.WAITING,))]
     for _ in range(RANDOM_TRIES):
         params = plan.space.random_params(plan.offer, rng)
@@ -239,11 +243,12 @@ def _partition(definition: Definition, info: dict[str, Any], jobs_option: str | 
                err: TextIO) -> tuple[list[Partition | None], dict[str, Any]]:
     """The run's slots (``--jobs``) and the probe of one share: what each trial will see."""
     gpus = partition.visible_gpus(len(info["fingerprint"].get("gpus") or []))
-    jobs = partition.jobs_count(jobs_option, gpus)
+    cores = partition.machine_cores()
+    groups = partition.physical_groups(cores)
+    jobs = partition.jobs_count(jobs_option, gpus, len(groups))
     if jobs == 1:
         return [None], info
-    cores = partition.machine_cores()
-    parts = partition.plan(jobs, cores, gpus)
+    parts = partition.plan(jobs, cores, gpus, groups)
     share = len(parts[0].cores)
     unused = len(cores) - share * jobs
     err.write(f"knobtune: {jobs} trials at once, each pinned to {share} core(s)"
@@ -322,6 +327,15 @@ def _run(definition: Definition, url: str, storage: Any, name: str, target: int,
     return 0
 
 
+def _fail(study: optuna.Study, trial: optuna.Trial, reason: str) -> None:
+    """Tell ``trial`` FAIL with ``reason`` (nothing when it was told already)."""
+    try:
+        trial.set_user_attr("failure", reason)
+        study.tell(trial, state=TrialState.FAIL)
+    except (RuntimeError, ValueError):  # already told
+        pass
+
+
 @dataclass
 class _Running:
     trial: optuna.Trial
@@ -344,6 +358,8 @@ class _Search:
         self.cancel = threading.Event()
         self.pool = ThreadPoolExecutor(max_workers=len(slots), thread_name_prefix="knobtune-slot")
         self.noted: set[str] = set()
+        self.waiting = False       # every unmeasured configuration is running: ask again once one ends
+        self.pending: optuna.Trial | None = None  # asked, not yet running or told (failed if the run stops)
 
     def _baseline_ok(self) -> bool:
         base = results.baseline(self.study)
@@ -357,38 +373,46 @@ class _Search:
                     self.err.write(f"knobtune: --timeout {timeout:g} s reached; starting no new trial\n")
                     submitting = False
                 # nothing runs beside the baseline: every other trial is judged against it
-                while (submitting and self.free and len(results.finished(self.study)) + len(self.running) < target
+                while (submitting and not self.waiting and self.free
+                       and len(results.finished(self.study)) + len(self.running) < target
                        and (self._baseline_ok() or not self.running)):
                     step = self._start()
                     if step == "exhausted":
                         submitting = False
                     if step in ("exhausted", "wait"):
+                        self.waiting = step == "wait"
                         break
                 if not self.running:
                     return
                 done, _ = wait(self.running, timeout=0.25, return_when=FIRST_COMPLETED)
                 self.progress.tick()
                 for future in done:
+                    self.waiting = False
                     self._finish(future)
         finally:
             self.pool.shutdown(wait=False)
+
+    def _running_numbers(self) -> set[int]:
+        """The trials this run is measuring (a RUNNING trial of a dead run elsewhere is not one)."""
+        return {r.trial.number for r in self.running.values()}
 
     def _start(self) -> str:
         """Ask for a trial and start it on a free slot: "started"; or skip a duplicate: "skipped"
         ("wait" when only the running trials' results can tell what to explore next, "exhausted"
         when the space has no unmeasured configuration left)."""
         study, plan = self.study, self.plan
-        trial = study.ask()
+        trial = self.pending = study.ask()
         is_baseline = bool(trial.user_attrs.get("is_baseline"))
         resolved = suggest(plan, trial)
-        twin = None if is_baseline else duplicate_of(study, trial)
+        twin = None if is_baseline else duplicate_of(study, trial, self._running_numbers())
         if twin is not None:
             # TPE converges on its favourite configuration; measuring it again teaches nothing.
             # Skip it (uncounted) and explore an unmeasured configuration next.
             trial.set_user_attr("duplicate_of", twin)
             trial.set_user_attr("failure", f"skipped: same knobs as trial #{twin}")
             study.tell(trial, state=TrialState.FAIL)
-            fresh = _unmeasured(study, plan, self.rng)
+            self.pending = None
+            fresh = _unmeasured(study, plan, self.rng, self._running_numbers())
             if fresh is None:
                 if not self.running:
                     self.err.write("knobtune: every configuration of the space has been measured; stopping\n")
@@ -411,6 +435,7 @@ class _Search:
         self.progress.started(trial.number)
         future = self.pool.submit(self._measure, slot_plan, resolved, is_baseline, watch, kept)
         self.running[future] = _Running(trial, is_baseline, slot, kept)
+        self.pending = None
         return "started"
 
     def _measure(self, plan: Plan, resolved: dict[str, Any], is_baseline: bool,
@@ -428,6 +453,10 @@ class _Search:
             report = future.result()
             if running.kept is not None:
                 artifacts.attach(study, trial, running.kept, report.attrs, self.artifact_store)
+        except BaseException as exc:  # the measurement never came back: the trial must not stay RUNNING
+            _fail(study, trial, "interrupted by the user (Ctrl-C)" if isinstance(exc, KeyboardInterrupt)
+                  else f"interrupted: the run failed while measuring it ({type(exc).__name__}: {exc})")
+            raise
         finally:
             if running.kept is not None:
                 shutil.rmtree(running.kept, ignore_errors=True)
@@ -441,14 +470,18 @@ class _Search:
             if full:
                 report.attrs["time_saved_seconds"] = round(max(0.0, sum(full) / len(full)
                                                                - report.attrs["trial_seconds"]), 2)
-        tell(study, trial, report, self.plan.definition, base_acc)
+        try:
+            tell(study, trial, report, self.plan.definition, base_acc)
+        except BaseException:
+            _fail(study, trial, "interrupted while its result was being stored")
+            raise
         finished = study.trials[trial.number]
         self.progress.best = best_label(study)
         base = results.baseline(study)
         base_knobs = results.knob_values(base) if base else None
         self.progress.finished(trial_line(finished.number, finished.user_attrs, self.progress.best, base_knobs),
                                finished.number)
-        notes.publish(study, self.url, f"after trial #{finished.number}")
+        notes.publish_safely(study, self.url, f"after trial #{finished.number}", self.err)
         for attr, note in BURST_NOTES.items():  # once per run: the burst is too short for this
             if finished.user_attrs.get(attr) and attr not in self.noted:
                 self.noted.add(attr)
@@ -467,18 +500,25 @@ class _Search:
         """Kill the running children (each slot's thread sees the cancel within a poll), wait for
         them, and mark their trials failed with ``reason``: a resumed run measures them again."""
         self.cancel.set()
+        if self.pending is not None:  # asked, never started
+            _fail(self.study, self.pending, reason)
+            self.pending = None
         for future, running in list(self.running.items()):
             try:
                 future.result(timeout=60)
+                finished = True  # it came back before the cancel reached it: keep the measurement
             except BaseException:  # Cancelled, as a rule
-                pass
+                finished = False
+            if finished:
+                try:
+                    self._finish(future)
+                    continue
+                except BaseException:
+                    pass  # _finish failed the trial
+            else:
+                _fail(self.study, running.trial, reason)
             if running.kept is not None:
                 shutil.rmtree(running.kept, ignore_errors=True)
-            try:
-                running.trial.set_user_attr("failure", reason)
-                self.study.tell(running.trial, state=TrialState.FAIL)
-            except (RuntimeError, ValueError):  # already told
-                pass
         self.running.clear()
         self.pool.shutdown(wait=True)
 

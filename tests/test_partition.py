@@ -51,6 +51,19 @@ def test_more_jobs_than_devices_says_what_exists(jobs, cores, gpus, message):
     assert str(caught.value) == message
 
 
+def test_hyperthreads_of_one_core_stay_in_one_share(tmp_path: Path):
+    for cpu, siblings in {0: "0,2", 1: "1,3", 2: "0,2", 3: "1,3"}.items():  # a 2-core, 4-thread layout
+        (tmp_path / f"cpu{cpu}" / "topology").mkdir(parents=True)
+        (tmp_path / f"cpu{cpu}" / "topology" / "thread_siblings_list").write_text(siblings + "\n")
+    groups = partition.physical_groups([0, 1, 2, 3], root=str(tmp_path))
+    assert groups == [(0, 2), (1, 3)]
+    assert [p.cores for p in partition.plan(2, [0, 1, 2, 3], [], groups)] == [(0, 2), (1, 3)]
+    with pytest.raises(UserError, match=r"--jobs 3: this machine has 2 physical core\(s\) \(0\+2 1\+3"):
+        partition.plan(3, [0, 1, 2, 3], [], groups)
+    assert partition.physical_groups([5], root=str(tmp_path / "none")) == [(5,)]  # no topology: a core each
+    assert partition.jobs_count("auto", ["0", "1", "2", "3"], cores=2) == 2  # never more trials than cores
+
+
 def test_jobs_auto_is_one_per_gpu_and_one_on_a_cpu_box():
     assert partition.jobs_count("auto", ["0", "1", "2", "3"]) == 4
     assert partition.jobs_count("auto", []) == 1
@@ -89,9 +102,15 @@ def test_two_jobs_run_trials_at_once_each_on_its_own_core(tmp_path: Path):
     assert overlapping  # trials really ran at once
     for a, b in overlapping:  # and never on the same core
         assert not set(a.user_attrs["placement"]["affinity"]) & set(b.user_attrs["placement"]["affinity"])
+    skipped = [t for t in study.trials if t.state == optuna.trial.TrialState.FAIL]
+    assert all(t.user_attrs.get("duplicate_of") is not None for t in skipped)
+    assert len(skipped) <= len(measured)  # duplicates of running trials wait for one to end, not a spin
     knobtune("export", "jobs", "-o", "best.json", cwd=tmp_path, check=0)
     exported = json.loads((tmp_path / "best.json").read_text())
     assert exported["partition"]["jobs"] == 2 and "1/2 of the machine" in exported["partition"]["share"]
+    # resuming on the whole machine would mix numbers of two shares: refused, saying how to resume
+    again = knobtune("run", str(path), *FAST, "--trials", "6", cwd=tmp_path, check=2)
+    assert "its trials ran with --jobs 2" in again.stderr and "pass the same --jobs to resume it" in again.stderr
 
 
 @pytest.mark.parametrize("jobs, message", [

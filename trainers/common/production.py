@@ -190,6 +190,10 @@ class Watchdog:
         self.samples, self.seconds, self.mark, self.compiling = 0, 0.0, now, False
         rate = self.intervals[-1][0] / seconds if seconds > 0 else 0.0
         if not judged:
+            compiling = len(self.intervals) - 1 - max((i for i, (_, _, j) in enumerate(self.intervals) if j), default=0)
+            if len(self.intervals) > 1 and compiling == 3:  # said once per streak: the job may never be judged
+                log.info("watchdog: torch.compile compiled a graph in 3 intervals in a row (new shapes, failing "
+                         "guards?); intervals that compile are not judged")
             return
         expected = f" (confirmed {self.expected:,.0f})" if self.expected else ""
         if sum(j for _, _, j in self.intervals) == 1:
