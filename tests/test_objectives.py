@@ -139,8 +139,10 @@ def test_winner_rule_pairs_rounds_and_keeps_the_baseline_unless_beaten_consisten
 
 def test_a_tie_keeps_the_baseline(tmp_path: Path):
     # every step sleeps 50 ms and one worker decodes ahead: its prefetch depth (the only knob
-    # searched) cannot make a step faster, so no configuration can beat the baseline
-    extra = "[confirm]\ntop_k = 1\nrepeats = 3\nnoisy_repeats = 3"
+    # searched) cannot make a step faster, so no configuration can beat the baseline. The bar is
+    # 10 %: tiny bursts of 20 steps on a shared machine differ by a few percent between rounds, and
+    # this test is about the rule keeping the baseline on a tie, not about the default margin
+    extra = "[confirm]\ntop_k = 1\nrepeats = 3\nnoisy_repeats = 3\nmin_speedup = 0.10"
     text = body("tie", "prune_below = 0", space="batch_size = [32]\nprefetch_factor = [2, 4]", extra=extra,
                 trials=2, workload="kt_test_workloads:paced")
     text = text.replace("num_workers = [0]", "num_workers = [1]").replace("intra_op_threads = [0]",
