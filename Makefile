@@ -56,6 +56,7 @@ benchmark: install
 	$(PY) benchmarks/guard_cost.py
 	$(PY) benchmarks/api_overhead.py
 	$(PY) benchmarks/own_loop.py
+	$(PY) benchmarks/parallel_jobs.py
 
 dashboard: install
 	$(VENV)/bin/knobtune dashboard
