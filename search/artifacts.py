@@ -16,21 +16,16 @@ from typing import Any
 import optuna
 
 from search.errors import UserError
-from search.storage import is_sqlite
+from search.storage import sqlite_file
 
 SUFFIX = "-artifacts"
 
 
 def default_dir(url: str) -> Path | None:
     """``<file>-artifacts`` beside a SQLite file; None for a server database (no obvious place)."""
-    if not is_sqlite(url):
+    path = sqlite_file(url)
+    if path is None:
         return None
-    from sqlalchemy.engine import make_url
-
-    database = make_url(url).database
-    if not database or database == ":memory:":
-        return None
-    path = Path(database)
     return path.with_name(path.stem + SUFFIX)
 
 

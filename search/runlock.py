@@ -21,21 +21,17 @@ from collections.abc import Iterator
 from pathlib import Path
 
 from search.errors import UserError
-from search.storage import is_sqlite, redact
+from search.storage import redact, sqlite_file
 
 
 def lock_path(url: str, study_name: str) -> Path | None:
     """``<database>.<study>.lock`` beside an SQLite file; None for other storages."""
-    if not is_sqlite(url):
-        return None
-    from sqlalchemy.engine import make_url
-
-    database = make_url(url).database
-    if not database or database == ":memory:":
+    database = sqlite_file(url)
+    if database is None:
         return None
     safe = re.sub(r"[^A-Za-z0-9_.-]", "_", study_name)[:60]
     digest = hashlib.sha1(study_name.encode()).hexdigest()[:8]
-    return Path(database).with_name(f"{Path(database).name}.{safe}-{digest}.lock")
+    return database.with_name(f"{database.name}.{safe}-{digest}.lock")
 
 
 def _holder(path: Path) -> str:

@@ -40,6 +40,16 @@ def is_sqlite(url: str) -> bool:
     return url.startswith("sqlite")
 
 
+def sqlite_file(url: str) -> Path | None:
+    """The database file of an SQLite URL; None for other storages and in-memory SQLite."""
+    if not is_sqlite(url):
+        return None
+    from sqlalchemy.engine import make_url
+
+    database = make_url(url).database
+    return Path(database) if database and database != ":memory:" else None
+
+
 def _prepare_sqlite(url: str) -> None:
     from sqlalchemy.engine import make_url
 
