@@ -19,6 +19,8 @@ def body(name: str, extra_study: str = "", space: str = "batch_size = [16, 32]",
          workload: str = "kt_test_workloads:tiny", trials: int = 3, burst: str = TINY_BURST) -> str:
     if "[guard]" in extra:  # the test sets its own guard
         burst = burst.replace("[guard]\nbaseline_runs = 1\n", "")
+    if "prune_below" not in extra_study:  # only the pruning test prunes: on a busy machine a tiny
+        extra_study += "\nprune_below = 0"  # burst can fall under half the best's rate at random
     return f"""
 [study]
 name = "{name}"
@@ -46,8 +48,9 @@ def load(tmp: Path, name: str) -> optuna.Study:
 
 
 def test_pareto_front_is_consistent_and_export_picks_from_it(tmp_path: Path):
-    # (two confirmation rounds: this test is about the front and its picks, not about the rounds)
-    path = study_file(tmp_path, body("pareto", 'objective = "pareto"', trials=4,
+    # (two confirmation rounds: this test is about the front and its picks, not about the rounds;
+    # an eager pruning rule that pareto mode must ignore)
+    path = study_file(tmp_path, body("pareto", 'objective = "pareto"\nprune_below = 0.9', trials=4,
                                      extra="[confirm]\nrepeats = 2\nnoisy_repeats = 2"))
     proc = knobtune("run", str(path), "--no-diagnose", cwd=tmp_path, check=0)
     study = load(tmp_path, "pareto")
@@ -98,7 +101,7 @@ def test_time_to_accuracy_reaches_a_low_target_and_fails_an_impossible_one(tmp_p
 
 
 def test_pruning_stops_a_slow_trial(tmp_path: Path):
-    path = study_file(tmp_path, body("prune", workload="kt_test_workloads:paced", trials=2,
+    path = study_file(tmp_path, body("prune", "prune_below = 0.5", workload="kt_test_workloads:paced", trials=2,
                                      extra='[workload]\nslow = [16]\nstep_cost = 0.05').replace(
         'amp = ["off", "bf16"]', 'amp = ["off"]'))
     proc = knobtune("run", str(path), *FAST, cwd=tmp_path, check=0)
@@ -143,7 +146,7 @@ def test_a_tie_keeps_the_baseline(tmp_path: Path):
     # 10 %: tiny bursts of 20 steps on a shared machine differ by a few percent between rounds, and
     # this test is about the rule keeping the baseline on a tie, not about the default margin
     extra = "[confirm]\ntop_k = 1\nrepeats = 3\nnoisy_repeats = 3\nmin_speedup = 0.10"
-    text = body("tie", "prune_below = 0", space="batch_size = [32]\nprefetch_factor = [2, 4]", extra=extra,
+    text = body("tie", space="batch_size = [32]\nprefetch_factor = [2, 4]", extra=extra,
                 trials=2, workload="kt_test_workloads:paced")
     text = text.replace("num_workers = [0]", "num_workers = [1]").replace("intra_op_threads = [0]",
                                                                         "intra_op_threads = [1]")
@@ -233,8 +236,7 @@ def test_amortisation_flips_the_choice_for_a_costly_warm_up(tmp_path: Path):
     # (the guard is loose here: on 320 samples the two batch sizes' accuracies differ by chance)
     workload = '[guard]\nmax_accuracy_drop = 0.3\n[workload]\nslow = [32]\nstep_cost = 0.004\nwarm = [16]\nwarmup_cost = 2.0'
     for name, job in (("steady", ""), ("short-job", "job_samples = 2000")):
-        # (no pruning: on a busy machine a tiny burst can fall under half the best's rate)
-        path = study_file(tmp_path, body(name, "prune_below = 0\n" + job, workload="kt_test_workloads:paced",
+        path = study_file(tmp_path, body(name, job, workload="kt_test_workloads:paced",
                                          trials=2, extra=workload)
                           .replace('amp = ["off", "bf16"]', 'amp = ["off"]'), f"{name}.toml")
         knobtune("run", str(path), *FAST, cwd=tmp_path, check=0)
@@ -250,7 +252,7 @@ def test_effective_batch_stays_fixed_and_lr_scales(tmp_path: Path):
                                      space="batch_size = [16, 32, 64]\neffective_batch_size = 64")
                       .replace("accumulation_steps = [1]\n", ""))
     knobtune("run", str(path), *FAST, cwd=tmp_path, check=0)
-    done = [t for t in load(tmp_path, "effective").trials if t.user_attrs.get("outcome")]
+    done = [t for t in load(tmp_path, "effective").trials if t.user_attrs.get("outcome") == "ok"]
     assert len({t.params["batch_size"] for t in done}) >= 2
     for t in done:
         knobs = t.user_attrs["knobs"]
@@ -260,7 +262,7 @@ def test_effective_batch_stays_fixed_and_lr_scales(tmp_path: Path):
     path = study_file(tmp_path, body("lr", 'lr_scaling = "sqrt"', trials=2, space="batch_size = [32, 128]")
                       .replace('amp = ["off", "bf16"]', 'amp = ["off"]'), "lr.toml")
     knobtune("run", str(path), *FAST, cwd=tmp_path, check=0)
-    big = [t for t in load(tmp_path, "lr").trials if t.params.get("batch_size") == 128 and t.user_attrs.get("outcome")]
+    big = [t for t in load(tmp_path, "lr").trials if t.params.get("batch_size") == 128 and t.user_attrs.get("outcome") == "ok"]
     assert big and big[0].user_attrs["lr_scale"] == pytest.approx(2.0)
     assert big[0].user_attrs["applied"]["learning_rate"] == pytest.approx(2e-3)
     # production runs the winner's batch with the learning rate it was measured with
