@@ -8,7 +8,7 @@ import sys
 import warnings
 
 from search import __version__
-from search.commands import compare, dashboard, diagnose, env, export, report, run
+from search.commands import compare, dashboard, diagnose, env, export, report, run, worker
 from search.errors import RunError, UserError
 
 
@@ -20,7 +20,7 @@ def parser() -> argparse.ArgumentParser:
     )
     p.add_argument("--version", action="version", version=f"knobtune {__version__}")
     sub = p.add_subparsers(dest="command", metavar="COMMAND")
-    for module in (run, export, dashboard, env, compare, diagnose, report):
+    for module in (run, worker, export, dashboard, env, compare, diagnose, report):
         module.add(sub)
     return p
 
@@ -30,6 +30,8 @@ def _quiet_optuna() -> None:
 
     optuna.logging.set_verbosity(optuna.logging.WARNING)
     warnings.filterwarnings("ignore", category=optuna.exceptions.ExperimentalWarning)
+    # knobtune's loop is ask/tell and records heartbeats itself (search/study.py: _Search._beat)
+    warnings.filterwarnings("ignore", message="Heartbeat of storage is supposed to be used with Study.optimize")
     logging.getLogger("sqlalchemy").setLevel(logging.ERROR)
 
 

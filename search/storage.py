@@ -8,13 +8,15 @@ import re
 import sqlite3
 import time
 from pathlib import Path
+from typing import Any
 
 from search.errors import UserError
 
 DEFAULT_URL = "sqlite:///knobtune.db"
 SQLITE_TIMEOUT_S = 60
+_SCHEMA_ATTEMPTS = 5
 _DRIVER_HINTS = {
-    "postgresql": "pip install 'psycopg[binary]'",
+    "postgresql": "pip install 'knobtune[postgres]' (psycopg 3)",
     "mysql": "pip install pymysql (and use mysql+pymysql://)",
 }
 
@@ -29,7 +31,8 @@ def redact(url: str) -> str:
     return re.sub(r"(://[^:/@]*:)[^@]*@", r"\1***@", url)
 
 
-def _scrub(text: str, url: str) -> str:
+def scrub(text: str, url: str) -> str:
+    """``text`` with the URL's password (and the URL itself) redacted."""
     match = re.search(r"://[^:/@]*:([^@]*)@", url)
     if match and match.group(1):
         text = text.replace(match.group(1), "***")
@@ -84,11 +87,13 @@ def _wal(conn: sqlite3.Connection, attempts: int = 40, pause_s: float = 0.25) ->
             time.sleep(pause_s)
 
 
-def open_storage(url: str):
-    """An Optuna RDBStorage for ``url``; raises UserError (password redacted) when it cannot."""
+def open_storage(url: str, sharing: Any = None):
+    """An Optuna RDBStorage for ``url``; raises UserError (password redacted) when it cannot.
+    ``sharing`` (search.workers.Sharing) turns on heartbeats for trials: a silent worker's running
+    trial is failed after the grace period and its configuration queued again."""
     import optuna
     from sqlalchemy.engine import make_url
-    from sqlalchemy.exc import ArgumentError, SQLAlchemyError
+    from sqlalchemy.exc import ArgumentError, IntegrityError, ProgrammingError, SQLAlchemyError
 
     try:
         parsed = make_url(url)
@@ -105,14 +110,28 @@ def open_storage(url: str):
         engine_kwargs = {"pool_pre_ping": True}
         if parsed.get_backend_name() in ("postgresql", "mysql"):
             engine_kwargs["connect_args"] = {"connect_timeout": 10}
-    try:
-        return optuna.storages.RDBStorage(url, engine_kwargs=engine_kwargs)
-    except ImportError as exc:  # Optuna wraps the driver's ModuleNotFoundError
-        missing = getattr(exc.__cause__, "name", None) or getattr(exc, "name", None) or "?"
-        hint = _DRIVER_HINTS.get(parsed.get_backend_name(), "install its SQLAlchemy driver")
-        raise UserError(f"storage {redact(url)}: its driver module {missing!r} is not installed ({hint})") from None
-    except (SQLAlchemyError, OSError, ValueError) as exc:
-        reason = str(getattr(exc, "orig", None) or exc).strip().splitlines()
-        raise UserError(
-            f"cannot open storage {redact(url)}: {_scrub(reason[0] if reason else type(exc).__name__, url)}"
-        ) from None
+    for attempt in range(_SCHEMA_ATTEMPTS):
+        try:
+            if sharing is None:
+                return optuna.storages.RDBStorage(url, engine_kwargs=engine_kwargs)
+            return optuna.storages.RDBStorage(url, engine_kwargs=engine_kwargs, heartbeat_interval=sharing.heartbeat_s,
+                                              grace_period=sharing.grace_s)
+        except ImportError as exc:  # Optuna wraps the driver's ModuleNotFoundError
+            missing = getattr(exc.__cause__, "name", None) or getattr(exc, "name", None) or "?"
+            hint = _DRIVER_HINTS.get(parsed.get_backend_name(), "install its SQLAlchemy driver")
+            raise UserError(f"storage {redact(url)}: its driver module {missing!r} is not installed ({hint})") from None
+        except (IntegrityError, ProgrammingError) as exc:
+            # workers starting together on an empty database each create Optuna's tables; the
+            # losers of that race see a duplicate catalogue entry: the tables exist now, open again
+            if attempt + 1 < _SCHEMA_ATTEMPTS and ("already exists" in str(exc) or "duplicate key" in str(exc)):
+                time.sleep(0.2 * (attempt + 1))
+                continue
+            raise _cannot_open(url, exc) from exc
+        except (SQLAlchemyError, OSError, ValueError) as exc:
+            raise _cannot_open(url, exc) from exc  # (the cause tells search.workers a lost connection)
+    raise AssertionError("unreachable")
+
+
+def _cannot_open(url: str, exc: BaseException) -> UserError:
+    reason = str(getattr(exc, "orig", None) or exc).strip().splitlines()
+    return UserError(f"cannot open storage {redact(url)}: {scrub(reason[0] if reason else type(exc).__name__, url)}")

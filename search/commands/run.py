@@ -27,16 +27,12 @@ def _positive_float(text: str) -> float:
     return value
 
 
-def add(subparsers: argparse._SubParsersAction) -> None:
-    p = subparsers.add_parser(
-        "run", help="create or resume a study and run its trials",
-        description="Create the study (or resume it) and run trials until it has --trials finished ones.",
-    )
+def search_args(p: argparse.ArgumentParser) -> None:
+    """The arguments ``run`` and ``worker`` share."""
     p.add_argument("study_file", metavar="STUDY.toml", help="the study definition (see studies/)")
     p.add_argument("--trials", type=_positive_int, help="total finished trials wanted (default: [study] trials)")
     p.add_argument("--timeout", type=_positive_float, metavar="SECONDS",
                    help="start no new trial after this many seconds")
-    p.add_argument("--storage", metavar="URL", help="Optuna storage URL (default: [study] storage, else sqlite:///knobtune.db)")
     p.add_argument("--name", help="study name (default: [study] name)")
     p.add_argument("--no-confirm", action="store_true",
                    help="skip re-measuring the top candidates against the baseline after the trials")
@@ -49,13 +45,30 @@ def add(subparsers: argparse._SubParsersAction) -> None:
                    help="trials at once, each pinned to its own share of the machine: one GPU each (auto: one "
                         "per GPU) and an equal share of the CPU cores; the winner is exported for that share "
                         "(default: 1, the whole machine)")
+
+
+def add(subparsers: argparse._SubParsersAction) -> None:
+    p = subparsers.add_parser(
+        "run", help="create or resume a study and run its trials",
+        description="Create the study (or resume it) and run trials until it has --trials finished ones. "
+                    "On a server database (postgresql://...) this process is one worker of the study, "
+                    "as with knobtune worker.",
+    )
+    search_args(p)
+    p.add_argument("--storage", metavar="URL", help="Optuna storage URL (default: $KNOBTUNE_STORAGE, else [study] "
+                                                    "storage, else sqlite:///knobtune.db)")
     p.set_defaults(func=main)
 
 
-def main(args: argparse.Namespace) -> int:
+def checked(args: argparse.Namespace) -> definition.Definition:
+    """The study file, parsed; the arguments checked."""
     parsed = definition.load(args.study_file)
     if args.name is not None and not args.name.strip():
         raise UserError("--name must not be empty")
-    return study.run(parsed, storage_url=args.storage, trials=args.trials, timeout=args.timeout, name=args.name,
-                     confirm_winners=not args.no_confirm, diagnose=not args.no_diagnose,
+    return parsed
+
+
+def main(args: argparse.Namespace) -> int:
+    return study.run(checked(args), storage_url=args.storage, trials=args.trials, timeout=args.timeout,
+                     name=args.name, confirm_winners=not args.no_confirm, diagnose=not args.no_diagnose,
                      artifacts_option=args.artifacts, jobs=args.jobs)
