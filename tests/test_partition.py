@@ -111,6 +111,10 @@ def test_two_jobs_run_trials_at_once_each_on_its_own_core(tmp_path: Path):
     # resuming on the whole machine would mix numbers of two shares: refused, saying how to resume
     again = knobtune("run", str(path), *FAST, "--trials", "6", cwd=tmp_path, check=2)
     assert "its trials ran with --jobs 2" in again.stderr and "pass the same --jobs to resume it" in again.stderr
+    # a diagnosis on its own measures on the share the trials had, not on the whole machine
+    diag = knobtune("diagnose", str(path), cwd=tmp_path, check=0)
+    assert "ran with --jobs 2: diagnosing on one such share (1 core(s))" in diag.stderr
+    assert "winner (trial #" in diag.stdout
 
 
 @pytest.mark.parametrize("jobs, message", [

@@ -3,9 +3,13 @@ from __future__ import annotations
 
 import argparse
 import sys
+from dataclasses import replace
 
-from search import definition, results
+import optuna
+
+from search import definition, partition, results
 from search.diagnose import diagnose_study, line
+from search.partition import Partition
 from search.export import load_existing, study_names
 from search.probe import probe_study
 from search.storage import open_storage, resolve_url
@@ -25,13 +29,29 @@ def add(subparsers: argparse._SubParsersAction) -> None:
     p.set_defaults(func=main)
 
 
+def share_of(study: optuna.Study | None) -> Partition | None:
+    """The share of this machine the study's trials ran on (``--jobs``), for a diagnosis that
+    compares with them; None for the whole machine."""
+    jobs = ((study.user_attrs.get("partition") or {}).get("jobs", 1)) if study is not None else 1
+    if jobs <= 1:
+        return None
+    gpus = partition.visible_gpus(len(study.user_attrs.get("fingerprint", {}).get("gpus") or []))
+    cores = partition.machine_cores()
+    return partition.plan(jobs, cores, gpus, partition.physical_groups(cores))[0]
+
+
 def main(args: argparse.Namespace) -> int:
     parsed = definition.load(args.study_file)
     cfg = parsed.study
-    plan = make_plan(parsed, probe_study(parsed, sys.stderr))
     storage = open_storage(resolve_url(args.storage, cfg.storage))
     name = args.name or cfg.name
     study = load_existing(storage, name) if name in study_names(storage) else None
+    placement = share_of(study)
+    if placement is not None:
+        sys.stderr.write(f"knobtune: the study's trials ran with --jobs {study.user_attrs['partition']['jobs']}: "
+                         f"diagnosing on one such share ({len(placement.cores)} core(s)"
+                         f"{', GPU ' + placement.gpu if placement.gpu else ''})\n")
+    plan = replace(make_plan(parsed, probe_study(parsed, sys.stderr, placement)), placement=placement)
     winner = results.best(study) if study is not None else None
     baseline = plan.space.baseline_params(plan.offer, plan.ctx, parsed.baseline)
     record = diagnose_study(study, plan, baseline, winner, sys.stderr)
