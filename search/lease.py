@@ -8,12 +8,17 @@ database server's clock, so the workers' clocks need not agree.
 """
 from __future__ import annotations
 
+import contextlib
 import datetime
 import threading
+import time
+from collections.abc import Iterator
 from typing import Any
 
 import sqlalchemy as sa
 from sqlalchemy.exc import IntegrityError, OperationalError, ProgrammingError
+
+from search.errors import RunError
 
 _META = sa.MetaData()
 LEASES = sa.Table(
@@ -85,11 +90,29 @@ class Lease:
         self._thread.start()
 
     def release(self) -> None:
+        """Give the lease up (and stop renewing it); the object can claim it again later."""
         self._stop.set()
         if self._thread is not None:
             self._thread.join()
+            self._thread = None
+        self._stop.clear()
         with self.engine.begin() as conn:
             conn.execute(sa.delete(LEASES).where(LEASES.c.name == self.name).where(LEASES.c.holder == self.holder))
+
+    @contextlib.contextmanager
+    def held(self, patience_s: float = 120.0, poll_s: float = 0.2) -> Iterator[Lease]:
+        """Claim the lease, waiting while another process holds it (for short pieces of work:
+        setting a study up, asking for a trial, re-queueing one), and release it after."""
+        deadline = time.monotonic() + patience_s
+        while (holder := self.claim()) is not None:
+            if time.monotonic() > deadline:
+                raise RunError(f"{holder} has held {self.name!r} for over {patience_s:g} s; if it is dead, its lease "
+                               f"expires {self.ttl.total_seconds():g} s after its last renewal: run again then")
+            time.sleep(poll_s)
+        try:
+            yield self
+        finally:
+            self.release()
 
     def __enter__(self) -> Lease:
         return self

@@ -42,8 +42,6 @@ def outcome(study: optuna.Study, trial: FrozenTrial) -> tuple[str, str]:
         twin = attrs.get("duplicate_of")
         if twin is not None:
             return "skipped", f"duplicate proposal of trial #{twin}: not measured again, not counted"
-        if attrs.get("handed_back"):
-            return "skipped", f"handed back unrun: {attrs['handed_back']}; not counted"
         return "interrupted", (attrs.get("failure") or "the run stopped while it ran").splitlines()[0]
     if not trial.state.is_finished():
         return trial.state.name.lower(), ""

@@ -110,6 +110,12 @@ def open_storage(url: str, sharing: Any = None):
         engine_kwargs = {"pool_pre_ping": True}
         if parsed.get_backend_name() in ("postgresql", "mysql"):
             engine_kwargs["connect_args"] = {"connect_timeout": 10}
+        if parsed.get_backend_name() == "postgresql":
+            # a database host that vanishes sends no reset: without keepalives a query in flight would
+            # wait for the kernel's TCP timeout (about 15 minutes) instead of failing into the retries
+            engine_kwargs["connect_args"] = {"connect_timeout": 10, "keepalives": 1, "keepalives_idle": 10,
+                                             "keepalives_interval": 5, "keepalives_count": 3,
+                                             "tcp_user_timeout": 30000}
     for attempt in range(_SCHEMA_ATTEMPTS):
         try:
             if sharing is None:

@@ -172,16 +172,12 @@ def _outcomes(study: optuna.Study) -> list[str]:
     items = [f"{n} {k}" for k, n in sorted(counts.items(), key=lambda kv: -kv[1])]
     failed = study.get_trials(deepcopy=False, states=(TrialState.FAIL,))
     skipped = [t for t in failed if t.user_attrs.get("duplicate_of") is not None]
-    handed = [t for t in failed if t.user_attrs.get("handed_back")]
-    interrupted = [t for t in failed if t.user_attrs.get("duplicate_of") is None and not t.user_attrs.get("handed_back")]
+    interrupted = [t for t in failed if t.user_attrs.get("duplicate_of") is None]
     requeued = [t for t in interrupted if "queued again" in (t.user_attrs.get("failure") or "")]
     if skipped:
         items.append(f"{len(skipped)} duplicate proposal(s) skipped: the sampler proposed knobs already measured; "
                      f"they were neither measured again nor counted (Optuna shows them as Fail: it has no "
                      f"\"skipped\" state; they are not failures)")
-    if handed:
-        items.append(f"{len(handed)} trial(s) handed back unrun: workers asked at the same moment and another "
-                     f"worker's trial had to go first; not counted, not failures")
     if interrupted:
         again = f", {len(requeued)} of them queued again and re-run by another worker" if requeued else ""
         items.append(f"{len(interrupted)} trial(s) interrupted (Ctrl-C, a run that stopped, or a worker that went "
@@ -297,11 +293,6 @@ def trial_story(study: optuna.Study, trial: FrozenTrial, url: str) -> list[Block
                       f"measured) already. knobtune did not measure them again and did not count this trial; the "
                       f"search went on with a configuration not yet measured. Optuna has no \"skipped\" state, "
                       f"so it lists this trial as Fail.")]
-    if trial.state == TrialState.FAIL and attrs.get("handed_back"):
-        return [("h", f"Trial #{trial.number}: handed back unrun (not a failure)"),
-                ("p", f"This worker asked for a trial at the same moment as another, and {attrs['handed_back']}. "
-                      f"It ran nothing and was not counted; a configuration that came from the queue went back "
-                      f"there.")]
     if trial.state == TrialState.FAIL:
         return [("h", f"Trial #{trial.number}: interrupted"),
                 ("p", f"{attrs.get('failure') or 'The run stopped while this trial was running.'} It was not "

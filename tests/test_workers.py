@@ -18,7 +18,7 @@ from conftest import TINY_BURST, knobtune, study_file
 from optuna.trial import TrialState
 from pg import PASSWORD, PostgresServer
 
-from search import workers
+from search import partition, workers
 from search.lease import Lease
 
 STUDY = """
@@ -47,7 +47,7 @@ noisy_repeats = 2
 """
 # (every batch size sleeps per step: a trial lasts seconds, long enough to be caught running)
 PACED = "[workload]\nslow = [16, 32, 64]\nstep_cost = 0.25"
-BEAT = ("--heartbeat", "1", "--grace", "4")
+BEAT = ("--heartbeat", "1", "--grace", "6")
 
 
 @pytest.fixture(scope="module")
@@ -56,11 +56,33 @@ def server():
         yield running
 
 
-def worker(path: Path, url: str, *extra: str, log: str) -> subprocess.Popen:
-    """A ``knobtune worker`` in the background; its output goes to ``log`` (stdout) and ``log.err``."""
-    cmd = [sys.executable, "-m", "search.cli", "worker", str(path), "--storage", url, *extra]
-    return subprocess.Popen(cmd, cwd=path.parent, stdout=open(path.parent / log, "w"),
-                            stderr=open(path.parent / f"{log}.err", "w"), text=True)
+def cores() -> list[int]:
+    found = partition.machine_cores()
+    if len(found) < 2:
+        pytest.skip(f"two workers pinned to a core each need 2 usable cores, this machine gives {len(found)}")
+    return found
+
+
+def worker(path: Path | None, url: str, *extra: str, log: str, core: int | None = None,
+           cwd: Path | None = None) -> subprocess.Popen:
+    """A ``knobtune worker`` in the background, pinned to ``core`` (as if it were a machine of its
+    own: its children inherit the affinity); its output goes to ``log`` and ``log.err``."""
+    cwd = cwd or path.parent  # type: ignore[union-attr]
+    cmd = [sys.executable, "-m", "search.cli", "worker", *([str(path)] if path else []), "--storage", url, *extra]
+    pin = (lambda: os.sched_setaffinity(0, {core})) if core is not None else None
+    return subprocess.Popen(cmd, cwd=cwd, stdout=open(cwd / log, "w"), stderr=open(cwd / f"{log}.err", "w"),
+                            text=True, preexec_fn=pin)
+
+
+def no_two_at_once_on_one_core(study: optuna.Study) -> None:
+    """Every child read back its affinity: trials that ran at the same time never shared a core."""
+    measured = [t for t in study.trials if t.state != TrialState.FAIL and t.user_attrs.get("placement")]
+    assert measured
+    for a in measured:
+        for b in measured:
+            if a.number < b.number and a.datetime_start < b.datetime_complete and b.datetime_start < a.datetime_complete:
+                assert not set(a.user_attrs["placement"]["affinity"]) & set(b.user_attrs["placement"]["affinity"])
+                assert a.user_attrs["placement"]["cuda_visible_devices"] is None
 
 
 def stderr(path: Path, log: str) -> str:
@@ -78,20 +100,43 @@ def wait_for(condition, timeout: float = 180, what: str = "") -> None:
         time.sleep(0.3)
 
 
+def exists(url: str) -> bool:
+    try:
+        return "shared" in optuna.get_all_study_names(url)
+    except Exception:  # noqa: BLE001 - its tables are being created
+        return False
+
+
 def running_of(url: str, pid: int) -> list[optuna.trial.FrozenTrial]:
     try:
         return [t for t in load(url).get_trials(states=(TrialState.RUNNING,))
-                if str(t.user_attrs.get("worker", "")).endswith(f":{pid}")]
+                if f":{pid}:" in str(t.user_attrs.get("worker", ""))]
     except Exception:  # noqa: BLE001 - the study (or its tables) do not exist yet
         return []
 
 
+def still_running(url: str, pid: int, seconds: float = 1.0) -> list[int]:
+    """A trial of the worker ``pid`` that is running now and still a second later, or []."""
+    first = {t.number for t in running_of(url, pid)}
+    if not first:
+        return []
+    time.sleep(seconds)
+    return sorted(first & {t.number for t in running_of(url, pid)})[:1]
+
+
 def test_two_workers_share_the_count_and_confirm_once(tmp_path: Path, server: PostgresServer):
     url = server.database("two_workers")
+    pins = cores()
     path = study_file(tmp_path, STUDY.format(workload="kt_test_workloads:tiny", trials=5, burst=TINY_BURST, extra=""))
-    procs = [worker(path, url, *BEAT, "--no-diagnose", log=f"w{i}") for i in range(2)]
+    first = worker(path, url, *BEAT, "--no-diagnose", log="w0", core=pins[0])
+    # the second joins with no study file: the definition comes from the storage
+    wait_for(lambda: exists(url) or first.poll() is not None, what="the study")
+    elsewhere = tmp_path / "elsewhere"
+    elsewhere.mkdir()
+    second = worker(None, url, "--name", "shared", *BEAT, "--no-diagnose", log="w1", core=pins[1], cwd=elsewhere)
+    procs = [first, second]
     codes = [p.wait(timeout=600) for p in procs]
-    logs = [stderr(path, f"w{i}") for i in range(2)]
+    logs = [stderr(path, "w0"), (elsewhere / "w1.err").read_text()]
     assert codes == [0, 0], logs
     study = load(url)
     finished = [t for t in study.trials if t.state.is_finished() and t.state != TrialState.FAIL]
@@ -100,15 +145,18 @@ def test_two_workers_share_the_count_and_confirm_once(tmp_path: Path, server: Po
     params = [tuple(sorted(t.params.items())) for t in finished]
     assert len(set(params)) == len(params)  # no configuration measured twice, across workers
     ids = {f"{p.pid}" for p in procs}
-    assert {t.user_attrs["worker"].rsplit(":", 1)[1] for t in finished} <= ids
+    assert {t.user_attrs["worker"].split(":")[1] for t in finished} <= ids
+    no_two_at_once_on_one_core(study)
+    assert "joining" in logs[1]
     # confirmation ran once, by one worker; the other said so and exited 0
     assert study.user_attrs["confirmed"]["after_trials"] == 5
     confirming = [log for log in logs if "confirming 1 candidate(s)" in log]
-    deferring = [log for log in logs if "is confirming and diagnosing the winner of 'shared'; this worker is done" in log]
+    deferring = [log for log in logs if "is confirming and diagnosing the winner of 'shared'; this worker is done" in log
+                 or "was confirmed and diagnosed by another worker" in log]
     assert len(confirming) == 1 and len(deferring) == 1, logs
-    # a machine that differs from the study's (here: a share of the cores instead of all) is refused
-    proc = knobtune("worker", str(path), "--storage", url, "--jobs", "2", cwd=tmp_path, check=2)
-    assert "different hardware" in proc.stderr and "usable_cores" in proc.stderr
+    # a machine that differs from the study's (here: both cores instead of one) is refused
+    proc = knobtune("worker", str(path), "--storage", url, cwd=tmp_path, check=2)
+    assert "different hardware" in proc.stderr and "usable_cores: 1 -> 2" in proc.stderr
     assert PASSWORD not in proc.stderr + proc.stdout
 
 
@@ -128,40 +176,44 @@ def test_a_killed_worker_trial_is_rerun_and_ctrl_c_stops_one_worker(tmp_path: Pa
     path = study_file(tmp_path, STUDY.format(workload="kt_test_workloads:paced", trials=3, burst=TINY_BURST,
                                              extra=PACED))
     # a worker dies with SIGKILL in the middle of a trial (here the baseline): nothing tells the study
-    first = worker(path, url, *BEAT, "--no-confirm", "--no-diagnose", log="killed")
-    wait_for(lambda: running_of(url, first.pid), what="the first worker's trial")
+    pins = cores()
+    first = worker(path, url, *BEAT, "--no-confirm", "--no-diagnose", log="killed", core=pins[0])
+    caught: list[optuna.trial.FrozenTrial] = []
+    wait_for(lambda: caught.extend(running_of(url, first.pid)) or caught, what="the first worker's trial")
     time.sleep(1.5)
-    lost = running_of(url, first.pid)[0]
+    lost = caught[0]
     first.send_signal(signal.SIGKILL)
     first.wait(timeout=30)
     wait_for(lambda: not _children_of(tmp_path), timeout=30, what="its training child to die with it")
 
     # two live workers: the dead one's trial is failed once its heartbeat is older than the grace,
     # and its configuration re-run; then one of them is stopped with Ctrl-C in a trial of its own
-    second = worker(path, url, *BEAT, "--no-confirm", "--no-diagnose", log="interrupted")
-    third = worker(path, url, *BEAT, "--no-confirm", "--no-diagnose", log="survivor")
-    wait_for(lambda: running_of(url, second.pid) or second.poll() is not None, what="the second worker's trial")
-    if second.poll() is None:
-        stopped = running_of(url, second.pid)[0]
+    second = worker(path, url, *BEAT, "--no-confirm", "--no-diagnose", log="interrupted", core=pins[0])
+    third = worker(path, url, *BEAT, "--no-confirm", "--no-diagnose", log="survivor", core=pins[1])
+    steady: list[int] = []
+    wait_for(lambda: steady.extend(still_running(url, second.pid)) or steady or second.poll() is not None,
+             what="a trial of the second worker's")
+    if steady:  # (a trial sleeps 5 s: it is still running when the Ctrl-C lands)
         second.send_signal(signal.SIGINT)
         assert second.wait(timeout=90) == 130, stderr(path, "interrupted")
-    else:  # (the survivor took every trial first: nothing of the second's to stop)
-        stopped = None
     assert third.wait(timeout=600) == 0, stderr(path, "survivor")
 
     study = load(url)
     dead = study.trials[lost.number]
     assert dead.state == TrialState.FAIL
-    assert f":{first.pid} stopped sending heartbeats" in dead.user_attrs["failure"]
+    assert f":{first.pid}:" in dead.user_attrs["failure"] and "stopped sending heartbeats" in dead.user_attrs["failure"]
     retried = [t for t in study.trials if t.user_attrs.get("retry_of") == lost.number]
     assert retried and retried[0].params == lost.params
     assert retried[0].user_attrs.get("is_baseline") == lost.user_attrs.get("is_baseline")
     finished = [t for t in study.trials if t.state in (TrialState.COMPLETE, TrialState.PRUNED)]
     assert len(finished) == 3  # the study reached its count: nothing lost, nothing counted twice
-    if stopped is not None:
-        cut = study.trials[stopped.number]
+    no_two_at_once_on_one_core(study)
+    if steady:  # Ctrl-C stopped the second worker's own trial, which went back to the queue
+        cut = study.trials[steady[0]]
         assert cut.state == TrialState.FAIL and "interrupted by the user" in cut.user_attrs["failure"]
-        assert any(t.user_attrs.get("retry_of") == stopped.number for t in study.trials)
+        assert any(t.user_attrs.get("retry_of") == cut.number for t in study.trials)
+    else:  # (the survivor took every trial first: nothing of the second's to stop)
+        assert second.wait(timeout=90) == 0
     assert not _children_of(tmp_path)
 
 
@@ -178,15 +230,22 @@ def test_a_worker_that_loses_the_database_stops_in_one_line(tmp_path: Path):
     assert code == 1, err
     last = err.strip().splitlines()[-1]
     assert last.startswith("knobtune: run failed: lost the database postgresql://knobtune:***@127.0.0.1:")
-    assert "--db-retry 4" in last and "Traceback" not in err and PASSWORD not in err
+    assert "the limit: 4 s" in last and "Traceback" not in err and PASSWORD not in err
     assert "is unreachable" in err  # it said it was retrying first
     assert not _children_of(tmp_path)
 
 
-def test_a_worker_refuses_sqlite_and_bad_heartbeats(tmp_path: Path):
+def test_a_worker_refuses_sqlite_a_missing_study_and_bad_heartbeats(tmp_path: Path, server: PostgresServer):
     path = study_file(tmp_path, STUDY.format(workload="kt_test_workloads:tiny", trials=3, burst=TINY_BURST, extra=""))
     proc = knobtune("worker", str(path), cwd=tmp_path, check=2)
     assert "knobtune worker needs a database server" in proc.stderr and "knobtune run --jobs N" in proc.stderr
+    assert "cannot be shared over the network" in proc.stderr
+    url = server.database("empty")
+    proc = knobtune("worker", "--name", "nowhere", "--storage", url, cwd=tmp_path, check=2)
+    assert "study 'nowhere' does not exist on postgresql://knobtune:***@" in proc.stderr
+    assert "no study file was given to create it" in proc.stderr and PASSWORD not in proc.stderr
+    proc = knobtune("worker", "--storage", url, cwd=tmp_path, check=2)
+    assert "needs STUDY.toml, or --name NAME" in proc.stderr
     proc = knobtune("worker", str(path), "--storage", "postgresql://u:pw@127.0.0.1:9/x", "--heartbeat", "10",
                     "--grace", "5", cwd=tmp_path, check=2)
     assert "--grace must be longer than --heartbeat" in proc.stderr
@@ -196,10 +255,10 @@ def test_leases_go_to_one_holder_and_expire(tmp_path: Path, server: PostgresServ
     import sqlalchemy as sa
 
     engine = sa.create_engine(server.database("leases"))
-    a, b = Lease(engine, "study/after-search", "a:1", ttl_s=2), Lease(engine, "study/after-search", "b:2", ttl_s=2)
+    a, b = Lease(engine, "study/after-search", "a:1", ttl_s=4), Lease(engine, "study/after-search", "b:2", ttl_s=4)
     assert a.claim() is None and b.claim() == "a:1"
     assert a.renew() and b.claim() == "a:1"
-    time.sleep(3)  # a stopped renewing (its machine vanished): b takes over, a has lost it
+    time.sleep(5)  # a stopped renewing (its machine vanished): b takes over, a has lost it
     assert b.claim() is None and not a.renew() and a.claim() == "b:2"
     b.release()
     assert a.claim() is None
@@ -232,4 +291,3 @@ def test_patience_with_a_lost_database_is_bounded_and_redacted():
     with pytest.raises(ValueError):  # not a connection error: not retried
         workers.patiently(lambda: int("x"), "postgresql://db/x", 60, said.append, sleep=pauses.append)
     assert workers.sampler_seed(4, "a:1") != workers.sampler_seed(4, "a:2")
-    assert os.environ.get("KNOBTUNE_STORAGE") is None

@@ -27,9 +27,10 @@ def _positive_float(text: str) -> float:
     return value
 
 
-def search_args(p: argparse.ArgumentParser) -> None:
+def search_args(p: argparse.ArgumentParser, file_help: str = "the study definition (see studies/)",
+                optional_file: bool = False) -> None:
     """The arguments ``run`` and ``worker`` share."""
-    p.add_argument("study_file", metavar="STUDY.toml", help="the study definition (see studies/)")
+    p.add_argument("study_file", metavar="STUDY.toml", help=file_help, nargs="?" if optional_file else None)
     p.add_argument("--trials", type=_positive_int, help="total finished trials wanted (default: [study] trials)")
     p.add_argument("--timeout", type=_positive_float, metavar="SECONDS",
                    help="start no new trial after this many seconds")

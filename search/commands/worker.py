@@ -3,9 +3,11 @@ from __future__ import annotations
 
 import argparse
 
-from search import study
+from search import definition, study
 from search.commands.run import _positive_float, _positive_int, checked, search_args
 from search.errors import UserError
+from search.export import load_existing, study_names
+from search.storage import open_storage, redact, resolve_url
 from search.workers import Sharing
 
 
@@ -18,7 +20,8 @@ def add(subparsers: argparse._SubParsersAction) -> None:
                     "ones; then one worker confirms and diagnoses the winner. Each machine must match the study's "
                     "hardware fingerprint. See docs/workers.md.",
     )
-    search_args(p)
+    search_args(p, file_help="the study definition; without it, --name joins a study that exists on the storage, "
+                             "with the definition stored there", optional_file=True)
     p.add_argument("--storage", metavar="URL",
                    help="the database server's URL, e.g. postgresql://user:password@host/db (default: "
                         "$KNOBTUNE_STORAGE, else [study] storage)")
@@ -37,6 +40,24 @@ def main(args: argparse.Namespace) -> int:
         raise UserError(f"--grace must be longer than --heartbeat (a live worker's trial would be taken for dead), "
                         f"got --grace {args.grace} and --heartbeat {args.heartbeat}")
     sharing = Sharing(heartbeat_s=args.heartbeat, grace_s=args.grace, db_retry_s=args.db_retry)
-    return study.run(checked(args), storage_url=args.storage, trials=args.trials, timeout=args.timeout,
+    parsed = checked(args) if args.study_file else stored(args)
+    return study.run(parsed, storage_url=args.storage, trials=args.trials, timeout=args.timeout,
                      name=args.name, confirm_winners=not args.no_confirm, diagnose=not args.no_diagnose,
                      artifacts_option=args.artifacts, jobs=args.jobs, sharing=sharing, worker_command=True)
+
+
+def stored(args: argparse.Namespace) -> definition.Definition:
+    """The definition of the existing study ``--name``, as its first worker stored it."""
+    if not args.name:
+        raise UserError("knobtune worker needs STUDY.toml, or --name NAME of a study that exists on the storage")
+    url = resolve_url(args.storage)
+    study.refuse_sqlite_worker(url)
+    storage = open_storage(url)
+    names = study_names(storage)
+    if args.name not in names:
+        raise UserError(f"study {args.name!r} does not exist on {redact(url)} and no study file was given to create "
+                        f"it: pass STUDY.toml (studies there: {', '.join(names) or 'none'})")
+    found = load_existing(storage, args.name)
+    if "definition" not in found.user_attrs:
+        raise UserError(f"study {args.name!r} on {redact(url)} was not made by knobtune; pick another --name")
+    return definition.from_dict(found.user_attrs["definition"])
