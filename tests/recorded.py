@@ -36,10 +36,11 @@ def record(url: str, name: str, path: Path) -> None:
     path.write_text(json.dumps(doc, indent=1, sort_keys=True) + "\n")
 
 
-def rebuild(name: str, url: str) -> optuna.Study:
-    """The recorded study ``tests/data/<name>.json`` in the storage at ``url`` (created)."""
+def rebuild(name: str, url: str, as_name: str | None = None) -> optuna.Study:
+    """The recorded study ``tests/data/<name>.json`` in the storage at ``url`` (created, under
+    its recorded name or ``as_name``)."""
     doc = json.loads((DATA / f"{name}.json").read_text())
-    study = optuna.create_study(study_name=doc["name"], storage=url,
+    study = optuna.create_study(study_name=as_name or doc["name"], storage=url,
                                 directions=[d.lower() for d in doc["directions"]])
     for key, value in doc["user_attrs"].items():
         study.set_user_attr(key, value)

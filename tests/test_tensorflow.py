@@ -2,7 +2,6 @@
 from the pipeline and the compiled model, guard, bad data, and parity with PyTorch."""
 from __future__ import annotations
 
-import re
 
 from pathlib import Path
 from typing import Any
@@ -199,53 +198,6 @@ def test_parity_with_pytorch(workload: str):
         accuracy[framework] = child.data["val_accuracy"]
     assert min(accuracy.values()) > 0.8
     assert abs(accuracy["pytorch"] - accuracy["tensorflow"]) < 0.05, accuracy
-
-
-COMPARE = """
-[study]
-name = "{name}"
-framework = "{framework}"
-workload = "{workload}"
-trials = 2
-seed = 0
-[burst]
-train_samples = 1280
-warmup_samples = 128
-windows = 3
-timeout_s = 180
-"""
-
-
-def test_compare_two_frameworks(tmp_path: Path):
-    for framework in ("pytorch", "tensorflow"):
-        path = study_file(tmp_path, COMPARE.format(name=f"c-{framework}", framework=framework, workload="digits-mlp"),
-                          f"{framework}.toml")
-        knobtune("run", str(path), *FAST, cwd=tmp_path, check=0)
-    proc = knobtune("compare", "c-pytorch", "c-tensorflow", cwd=tmp_path, check=0)
-    out = proc.stdout
-    for row in ("baseline samples/s", "best samples/s", "best val_accuracy", "best warm-up s",
-                "speedup over own baseline", "pytorch best knobs", "tensorflow best knobs"):
-        assert row in out
-    # the verdict is wrapped text whose words depend on the machine: assert on its parts, whitespace-free
-    flat = re.sub(r"\s+", "", out)
-    assert "Onthismachine(" in flat and "trainsdigits-mlpfaster" in flat and "Whatmadethedifference" in flat
-    assert "Caution:" in flat and "hasnoconfirmation" in flat  # these studies ran with --no-confirm
-
-    # another workload: refused, unless --force
-    other = study_file(tmp_path, COMPARE.format(name="c-other", framework="tensorflow",
-                                                workload="kt_tf_workloads:tiny").replace("1280", "640"), "o.toml")
-    knobtune("run", str(other), *FAST, cwd=tmp_path, check=0)
-    proc = knobtune("compare", "c-pytorch", "c-other", cwd=tmp_path, check=2)
-    assert "trains 'digits-mlp' but 'c-other' trains 'kt_tf_workloads:tiny'" in proc.stderr and "--force" in proc.stderr
-    proc = knobtune("compare", "c-pytorch", "c-other", "--force", cwd=tmp_path, check=0)
-    assert "compared anyway" in proc.stdout
-
-    # another machine: refused
-    storage = f"sqlite:///{tmp_path / 'knobtune.db'}"
-    study = optuna.load_study(study_name="c-tensorflow", storage=storage)
-    study.set_user_attr("fingerprint", {**study.user_attrs["fingerprint"], "cpu_model": "Some Other CPU"})
-    proc = knobtune("compare", "c-pytorch", "c-tensorflow", cwd=tmp_path, check=2)
-    assert "different hardware (cpu_model:" in proc.stderr
 
 
 def test_tensorflow_diagnose_and_time_to_accuracy(tmp_path: Path):

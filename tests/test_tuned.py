@@ -216,7 +216,8 @@ def test_watchdog_warns_when_production_stays_below_the_confirmed_rate(tmp_path:
     export = {"format": "knobtune.best/1", "framework": "pytorch", "study": "x", "trial": 1,
               "knobs": {"batch_size": 32}, "metrics": {"samples_per_second": 1e9}, "fingerprint": {}}
     (tmp_path / "fast.json").write_text(json.dumps(export))
-    proc = run_script("--epochs", "4", config=tmp_path / "fast.json", cwd=tmp_path,
+    # (long enough for three 0.05 s intervals at any speed: the first is not judged, then two below)
+    proc = run_script("--epochs", "24", config=tmp_path / "fast.json", cwd=tmp_path,
                       extra_env={"KNOBTUNE_WATCHDOG_S": "0.05"})
     assert proc.returncode == 0, proc.stderr
     assert "more than 20% below" in proc.stderr and "of the confirmed 1,000,000,000" in proc.stderr
