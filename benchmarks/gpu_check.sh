@@ -3,7 +3,8 @@
 # fp16 skips counted, CUDA graphs replayed, CUDA graphs x accumulation refused, TF32 reaching the
 # device), one burst per CUDA-graph mode with accumulation_steps = 2 (must be "invalid"), then a
 # short digits-cnn study with the CUDA knobs on (fp16 + GradScaler, bf16, cuDNN flags, pin_memory,
-# channels_last, compile with CUDA graphs, accumulation, TF32), then the winner exported. Prints
+# channels_last, compile with CUDA graphs, accumulation, TF32), then the winner exported, the own-loop
+# script in production, and a 2-trial --jobs auto run (one GPU per trial, read back). Prints
 # what it measured. Budget: under 8 minutes.
 #
 #   benchmarks/gpu_check.sh            # with knobtune installed (make install), or
@@ -70,3 +71,16 @@ cat > "$work/cuda-config.json" <<'JSON'
  "metrics": {"samples_per_second": 1.0}, "fingerprint": {}}
 JSON
 KNOBTUNE_CONFIG="$work/cuda-config.json" KNOBTUNE_WATCHDOG_S=1 timeout 120 "$PY" studies/own_loop_pytorch.py --epochs 8
+echo "== --jobs auto: one trial per GPU, each child pinned to its GPU and its share of the cores (read back)"
+timeout 100 "$PY" -m search.cli run benchmarks/gpu-digits-cnn.toml --storage "sqlite:///$work/jobs.db" --name gpu-jobs \
+  --jobs auto --trials 2 --no-confirm --no-diagnose --artifacts none || true
+"$PY" - "$work/jobs.db" <<'PY'
+import sys, optuna
+optuna.logging.set_verbosity(optuna.logging.WARNING)
+study = optuna.load_study(study_name="gpu-jobs", storage=f"sqlite:///{sys.argv[1]}")
+print("study partition:", study.user_attrs.get("partition"))
+for t in study.trials:
+    a = t.user_attrs
+    if "outcome" in a:
+        print(f"#{t.number} {a['outcome']:<8} share {a.get('partition')}  child read back {a.get('placement')}")
+PY

@@ -140,7 +140,7 @@ def _ended_elsewhere(exc: BaseException) -> bool:
 class Running:
     trial: optuna.Trial
     is_baseline: bool
-    slot: Partition | None
+    slots: list[Partition | None]  # one; every free one for a baseline measured several times
     kept: Path | None
 
 
@@ -336,12 +336,15 @@ class Search:
         if slot is not None:
             trial.set_user_attr("partition", slot.describe())
         watch = None if is_baseline else prune_rule(plan, study)
-        self.free.pop(0)  # (the storage calls above may be retried: take the slot only now)
+        # (the storage calls above may be retried: take the slots only now; a baseline, which runs
+        # alone, measures its several runs side by side on every free share)
+        slots = list(self.free) if is_baseline and slot is not None and not self.running else [slot]
+        del self.free[:len(slots)]
         kept = Path(tempfile.mkdtemp(prefix="knobtune-artifacts-")) if self.artifact_store is not None else None
         slot_plan = replace(plan, placement=slot) if slot is not None else plan
         self.progress.started(trial.number)
-        future = self.pool.submit(self._measure, slot_plan, resolved, is_baseline, watch, kept)
-        self.running[future] = Running(trial, is_baseline, slot, kept)
+        future = self.pool.submit(self._measure, slot_plan, resolved, is_baseline, watch, kept, slots)
+        self.running[future] = Running(trial, is_baseline, slots, kept)
         self.pending = None
         return "started"
 
@@ -353,15 +356,17 @@ class Search:
             self.pending = None
 
     def _measure(self, plan: Plan, resolved: dict[str, Any], is_baseline: bool,
-                 watch: Callable[[list[dict[str, Any]]], str | None] | None, kept: Path | None) -> Report:
+                 watch: Callable[[list[dict[str, Any]]], str | None] | None, kept: Path | None,
+                 slots: list[Partition | None]) -> Report:
         """In a slot's thread: the child (children, for the baseline's several seeds)."""
         if is_baseline:
-            return measure_baseline(plan, resolved, keep=kept, cancel=self.cancel)
+            shares = [s for s in slots if s is not None]
+            return measure_baseline(plan, resolved, keep=kept, cancel=self.cancel, placements=shares or None)
         return measure(plan, resolved, False, watch=watch, keep=kept, cancel=self.cancel)
 
     def _finish(self, future: Future[Report]) -> None:
         running = self.running.pop(future)
-        self.free.append(running.slot)
+        self.free.extend(running.slots)
         try:
             report = future.result()
         except BaseException as exc:  # the measurement never came back: the trial must not stay RUNNING

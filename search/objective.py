@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import statistics
 import threading
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any, Callable
@@ -136,18 +137,35 @@ def report_from_child(child: ChildResult, resolved: dict[str, Resolved], is_base
 
 
 def measure_baseline(plan: Plan, resolved: dict[str, Resolved], tick: Callable[[float], None] | None = None,
-                     keep: Path | None = None, cancel: threading.Event | None = None) -> Report:
+                     keep: Path | None = None, cancel: threading.Event | None = None,
+                     placements: list[Partition] | None = None) -> Report:
     """The baseline, measured ``[guard] baseline_runs`` times with seeds seed, seed+1, ...: its
-    accuracy is their mean (their spread widens the guard), its rate their median."""
-    report = measure(plan, resolved, True, tick=tick, keep=keep, cancel=cancel)
+    accuracy is their mean (their spread widens the guard), its rate their median. With several
+    ``placements`` (shares of one shape: nothing else runs beside the baseline) its runs go
+    side by side, one per share; else one after the other, the first alone."""
     runs = plan.definition.guard.baseline_runs
-    if report.outcome != "ok" or report.val_accuracy is None or runs < 2:
-        return report
-    reports = [report] + [measure(plan, resolved, True, tick=tick, seed_offset=i, cancel=cancel)
-                          for i in range(1, runs)]
+    if placements and len(placements) > 1 and runs > 1:
+        reports: list[Report] = []
+        for start in range(0, runs, len(placements)):
+            batch = range(start, min(runs, start + len(placements)))
+            with ThreadPoolExecutor(max_workers=len(batch), thread_name_prefix="knobtune-baseline") as pool:
+                futures = [pool.submit(measure, replace(plan, placement=placements[i - start]), resolved, True,
+                                       tick=tick if i == 0 else None, seed_offset=i, cancel=cancel,
+                                       keep=keep if i == 0 else None) for i in batch]
+                reports += [f.result() for f in futures]
+        report = reports[0]
+        if report.outcome != "ok" or report.val_accuracy is None:
+            return report
+    else:
+        report = measure(plan, resolved, True, tick=tick, keep=keep, cancel=cancel)
+        if report.outcome != "ok" or report.val_accuracy is None or runs < 2:
+            return report
+        reports = [report] + [measure(plan, resolved, True, tick=tick, seed_offset=i, cancel=cancel)
+                              for i in range(1, runs)]
     ok = [r for r in reports if r.outcome == "ok" and r.val_accuracy is not None]
     report.attrs["baseline_runs"] = [{"seed_offset": i, "outcome": r.outcome, "val_accuracy": r.val_accuracy,
-                                      "samples_per_second": r.samples_per_second}
+                                      "samples_per_second": r.samples_per_second,
+                                      "placement": r.attrs.get("placement")}
                                      for i, r in enumerate(reports)]
     report.attrs["baseline_accuracies"] = [r.val_accuracy for r in ok]
     report.attrs["val_accuracy"] = statistics.fmean(r.val_accuracy for r in ok)  # type: ignore[misc]

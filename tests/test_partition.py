@@ -85,7 +85,8 @@ def test_two_jobs_run_trials_at_once_each_on_its_own_core(tmp_path: Path):
     cores = partition.machine_cores()
     if len(cores) < 2:
         pytest.skip(f"needs 2 usable cores, this machine gives {len(cores)}")
-    path = study_file(tmp_path, STUDY.format(burst=TINY_BURST))
+    # (two baseline runs: they go side by side, one per share)
+    path = study_file(tmp_path, STUDY.format(burst=TINY_BURST.replace("baseline_runs = 1", "baseline_runs = 2")))
     proc = knobtune("run", str(path), *FAST, "--jobs", "2", cwd=tmp_path, check=0)
     assert "2 trials at once, each pinned to 1 core(s)" in proc.stderr
     study = optuna.load_study(study_name="jobs", storage=f"sqlite:///{tmp_path / 'knobtune.db'}")
@@ -93,6 +94,8 @@ def test_two_jobs_run_trials_at_once_each_on_its_own_core(tmp_path: Path):
     assert study.user_attrs["fingerprint"]["usable_cores"] == 1  # the probe ran on one share
     measured = [t for t in study.trials if t.user_attrs.get("outcome")]
     assert len(measured) >= 5
+    runs = measured[0].user_attrs["baseline_runs"]
+    assert len(runs) == 2 and sorted(r["placement"]["affinity"] for r in runs) == [[c] for c in cores[:2]]
     for t in measured:  # every child read back its own placement: one core, its partition's
         assert t.user_attrs["placement"]["affinity"] == t.user_attrs["partition"]["cores"]
         assert len(t.user_attrs["placement"]["affinity"]) == 1
