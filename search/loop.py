@@ -60,11 +60,11 @@ def enqueue_advice(study: optuna.Study, plan: Plan) -> None:
     """Once per study, after its baseline succeeded: the seeds' advice applied by hand."""
     if study.user_attrs.get("advice_enqueued") or plan.definition.study.sampler != "tpe":
         return  # sampler = "random" is plain random search: no expert start
-    study.set_user_attr("advice_enqueued", True)
     baseline = plan.space.baseline_params(plan.offer, plan.ctx, plan.definition.baseline)
     advice = plan.space.advice_params(plan.offer, plan.ctx, plan.definition.baseline)
-    if advice != baseline:
+    if advice != baseline:  # (queued first: a lost connection between the two is retried whole)
         study.enqueue_trial(advice, user_attrs={"source": "advice"})
+    study.set_user_attr("advice_enqueued", True)
 
 
 def unmeasured(study: optuna.Study, plan: Plan, rng: random.Random,
@@ -117,16 +117,16 @@ def narrow(plan: Plan, not_exercised: dict[str, str] | None, err: TextIO | None)
     return narrowed
 
 
-def fail_trial(study: optuna.Study, trial: optuna.Trial, reason: str) -> None:
-    """Tell ``trial`` FAIL with ``reason`` (nothing when it was told already, or when the database
-    is away: then its heartbeat stops and another worker fails it)."""
+def fail_trial(study: optuna.Study, trial: optuna.Trial, reason: str, shared: bool = False) -> None:
+    """Tell ``trial`` FAIL with ``reason`` (nothing when it was told already; nor, on a ``shared``
+    study, when the database is away: then its heartbeat stops and another worker fails it)."""
     try:
         trial.set_user_attr("failure", reason)
         study.tell(trial, state=TrialState.FAIL)
     except (RuntimeError, ValueError, optuna.exceptions.UpdateFinishedTrialError):  # already told
         pass
     except Exception as exc:  # noqa: BLE001
-        if not workers.is_connection_error(exc):
+        if not (shared and workers.is_connection_error(exc)):
             raise
 
 
@@ -169,6 +169,7 @@ class Search:
             self.checked_at = 0.0
             self.quiet_until = 0.0  # after an outage every worker's trials look silent for a while
             self.outage = False
+            self.waited_on: tuple[int, frozenset[int], int] | None = None
             self.neighbour_said = False
             self.started = datetime.datetime.now()  # (Optuna's datetime_start: this machine's local time)
             self.cores = partition.machine_cores()  # this process's (a worker may be pinned to part of a machine)
@@ -249,13 +250,15 @@ class Search:
                         submitting = False
                     if step in ("exhausted", "wait", "held"):
                         self.waiting = step != "exhausted"
+                        if self.waiting and self.shared is not None:
+                            self.waited_on = self._db(self._state)
                         break
                 if not self.running:
                     if (self.shared is None or not submitting
                             or self._db(lambda: len(results.finished(self.study))) >= target):
                         return
                     time.sleep(1.0)  # other workers' trials run: one may come back to the queue
-                    self.waiting = False
+                    self._db(self._maybe_ask_again)
                     continue
                 done, _ = wait(self.running, timeout=0.25, return_when=FIRST_COMPLETED)
                 self.progress.tick()
@@ -265,13 +268,25 @@ class Search:
         finally:
             self.pool.shutdown(wait=False)
 
+    def _state(self) -> tuple[int, frozenset[int], int]:
+        """What could change the next proposal: trials finished, running, waiting in the queue."""
+        waiting = len(self.study.get_trials(deepcopy=False, states=(TrialState.WAITING,)))
+        return len(results.finished(self.study)), frozenset(self._running_numbers()), waiting
+
+    def _maybe_ask_again(self) -> None:
+        """Shared study: after a "wait" (every configuration left is running on other workers),
+        ask again only once a trial ended or one came back to the queue (else every idle worker
+        would make a skipped duplicate a second)."""
+        if self.waiting and self._state() != self.waited_on:
+            self.waiting = False
+
     def _watch(self) -> None:
         """Shared study, every heartbeat period: other workers' silent trials are failed and
         re-queued; a worker on this machine's own cores is warned about."""
         if self.shared is None or time.monotonic() - self.checked_at < self.shared.heartbeat_s:
             return
         self.checked_at = time.monotonic()
-        self.waiting = False  # other workers' trials may have ended: ask again
+        self._maybe_ask_again()
         if time.monotonic() >= self.quiet_until:
             mine = {r.trial._trial_id for r in self.running.values()}
             for number in self.silence.fail(self.study, mine, self.queue):
@@ -307,8 +322,9 @@ class Search:
                 self.beats.add(trial._trial_id)
                 trial.set_user_attr("worker", self.worker)
                 trial.set_user_attr("worker_cores", self.cores)
+            # (under the lease: the next worker's sampler and duplicate check see these params)
+            resolved = suggest(plan, trial)
         is_baseline = bool(trial.user_attrs.get("is_baseline"))
-        resolved = suggest(plan, trial)
         # (a baseline queued again after it in fact succeeded is a duplicate too)
         twin = None if is_baseline and not self._baseline_ok() else duplicate_of(study, trial, self._running_numbers())
         if twin is not None:
@@ -373,7 +389,8 @@ class Search:
             if running.kept is not None:
                 shutil.rmtree(running.kept, ignore_errors=True)
             fail_trial(self.study, running.trial, "interrupted by the user (Ctrl-C)" if isinstance(exc, KeyboardInterrupt)
-                       else f"interrupted: the run failed while measuring it ({type(exc).__name__}: {exc})")
+                       else f"interrupted: the run failed while measuring it ({type(exc).__name__}: {exc})",
+                       self.shared is not None)
             self._forget(running.trial)
             raise
         try:
@@ -405,7 +422,7 @@ class Search:
                     self.err.write(f"knobtune: trial #{trial.number} was failed by another worker while its result "
                                    f"was being stored; this measurement is dropped\n")
                     return
-                fail_trial(study, trial, "interrupted while its result was being stored")
+                fail_trial(study, trial, "interrupted while its result was being stored", self.shared is not None)
                 raise
         finished = study.trials[trial.number]
         self.progress.best = best_label(study)
@@ -450,28 +467,38 @@ class Search:
         them, and mark their trials failed with ``reason``: a resumed run measures them again (on a
         shared study their configurations go back to the queue for the other workers)."""
         self.cancel.set()
-        if self.pending is not None:  # asked, never started
-            self._give_up(self.pending, reason)
-            self.pending = None
-        for future, running in list(self.running.items()):
-            try:
-                future.result(timeout=60)
-                finished = True  # it came back before the cancel reached it: keep the measurement
-            except BaseException:  # Cancelled, as a rule
-                finished = False
-            if finished:
+        try:
+            if self.pending is not None:  # asked, never started
+                self._give_up_safely(self.pending, reason)
+                self.pending = None
+            for future, running in list(self.running.items()):
                 try:
-                    self._finish(future)
-                    continue
-                except BaseException:
-                    pass  # _finish failed the trial
-            else:
-                self._give_up(running.trial, reason)
-            if running.kept is not None:
-                shutil.rmtree(running.kept, ignore_errors=True)
-        self.running.clear()
-        self.pool.shutdown(wait=True)
-        self.close()
+                    future.result(timeout=60)
+                    finished = True  # it came back before the cancel reached it: keep the measurement
+                except BaseException:  # Cancelled, as a rule
+                    finished = False
+                if finished:
+                    try:
+                        self._finish(future)
+                        continue
+                    except BaseException:
+                        pass  # _finish failed the trial
+                else:
+                    self._give_up_safely(running.trial, reason)
+                if running.kept is not None:
+                    shutil.rmtree(running.kept, ignore_errors=True)
+            self.running.clear()
+            self.pool.shutdown(wait=True)
+        finally:
+            self.close()
+
+    def _give_up_safely(self, trial: optuna.Trial, reason: str) -> None:
+        """``_give_up`` while stopping: whatever goes wrong is said in a line, and the stop goes on."""
+        try:
+            self._give_up(trial, reason)
+        except Exception as exc:  # noqa: BLE001 - the run is stopping on another error already
+            self.err.write(f"knobtune: trial #{trial.number} could not be marked failed ({type(exc).__name__}: "
+                           f"{str(exc).splitlines()[0] if str(exc) else ''}); the next run or another worker will\n")
 
     def close(self) -> None:
         if self.shared is not None:

@@ -144,7 +144,7 @@ def measure_baseline(plan: Plan, resolved: dict[str, Resolved], tick: Callable[[
     ``placements`` (shares of one shape: nothing else runs beside the baseline) its runs go
     side by side, one per share; else one after the other, the first alone."""
     runs = plan.definition.guard.baseline_runs
-    if placements and len(placements) > 1 and runs > 1:
+    if placements and len(placements) > 1 and runs > 1 and plan.definition.guard.accuracy:
         reports: list[Report] = []
         for start in range(0, runs, len(placements)):
             batch = range(start, min(runs, start + len(placements)))

@@ -73,12 +73,13 @@ def load_or_create(storage: Any, name: str, definition: Definition, fingerprint:
                                         directions=results.DIRECTIONS[definition.study.objective])
         except optuna.exceptions.DuplicatedStudyError:  # another worker created it just now
             return load_or_create(storage, name, definition, fingerprint, sampler)
-        study.set_user_attr("definition", definition.as_dict())
-        study.set_user_attr("measurement", definition.measurement_key())
-        study.set_user_attr("fingerprint", fingerprint)
-        study.set_user_attr("knobtune_version", __version__)
-        return study, True
+        return load_or_create(storage, name, definition, fingerprint, sampler)  # (its attributes, below)
     attrs = study.user_attrs
+    if not attrs and not study.trials:  # created, then the process died (or lost the database) at once
+        for key, value in (("definition", definition.as_dict()), ("measurement", definition.measurement_key()),
+                           ("fingerprint", fingerprint), ("knobtune_version", __version__)):
+            study.set_user_attr(key, value)
+        return study, True
     if "measurement" not in attrs:
         raise UserError(f"study {name!r} exists in this storage but was not made by knobtune; pick another --name")
     diffs = _differences(attrs["measurement"], definition.measurement_key())

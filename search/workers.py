@@ -128,6 +128,8 @@ class Silence:
         storage = study._storage
         handled = []
         for trial_id in storage._get_stale_trial_ids(study._study_id):
+            if trial_id in mine:  # (its own beats lapsed: its measurement still stands)
+                continue
             trial = storage.get_trial(trial_id)
             who = trial.user_attrs.get("worker", "its worker")
             if fail_and_requeue(study, trial, f"interrupted: {who} stopped sending heartbeats; its configuration "

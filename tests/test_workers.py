@@ -69,9 +69,13 @@ def worker(path: Path | None, url: str, *extra: str, log: str, core: int | None 
     own: its children inherit the affinity); its output goes to ``log`` and ``log.err``."""
     cwd = cwd or path.parent  # type: ignore[union-attr]
     cmd = [sys.executable, "-m", "search.cli", "worker", *([str(path)] if path else []), "--storage", url, *extra]
-    pin = (lambda: os.sched_setaffinity(0, {core})) if core is not None else None
+    def start() -> None:
+        # SIGINT as at a terminal: a suite started in the background (CI, `make test &`) ignores it
+        signal.signal(signal.SIGINT, signal.SIG_DFL)
+        if core is not None:
+            os.sched_setaffinity(0, {core})
     return subprocess.Popen(cmd, cwd=cwd, stdout=open(cwd / log, "w"), stderr=open(cwd / f"{log}.err", "w"),
-                            text=True, preexec_fn=pin)
+                            text=True, preexec_fn=start)
 
 
 def no_two_at_once_on_one_core(study: optuna.Study) -> None:
@@ -291,3 +295,21 @@ def test_patience_with_a_lost_database_is_bounded_and_redacted():
     with pytest.raises(ValueError):  # not a connection error: not retried
         workers.patiently(lambda: int("x"), "postgresql://db/x", 60, said.append, sleep=pauses.append)
     assert workers.sampler_seed(4, "a:1") != workers.sampler_seed(4, "a:2")
+
+
+def test_a_study_left_half_created_is_taken_up(tmp_path: Path):
+    # a worker that died (or lost the database) between creating the study and writing its
+    # attributes leaves an empty study: the next one completes it instead of calling it foreign
+    from search import definition, storage, study as study_mod
+
+    path = study_file(tmp_path, STUDY.format(workload="kt_test_workloads:tiny", trials=3, burst=TINY_BURST, extra=""))
+    parsed = definition.load(path)
+    url = f"sqlite:///{tmp_path / 'k.db'}"
+    optuna.create_study(study_name="shared", storage=url)
+    fingerprint = {"cpu_model": "x", "usable_cores": 2}
+    taken, created = study_mod.load_or_create(storage.open_storage(url), "shared", parsed, fingerprint,
+                                              optuna.samplers.RandomSampler())
+    assert created and taken.user_attrs["measurement"] == parsed.measurement_key()
+    again, created = study_mod.load_or_create(storage.open_storage(url), "shared", parsed, fingerprint,
+                                              optuna.samplers.RandomSampler())
+    assert not created and again._study_id == taken._study_id
