@@ -68,6 +68,7 @@ class GuardSection:
     accuracy: bool = True  # false: trials need not report an accuracy, and none is compared (throughput only)
     max_accuracy_drop: float = 0.02
     baseline_runs: int = 2  # the baseline is measured this many times (seeds seed, seed+1, ...)
+    max_memory_fraction: float = 0.9  # a trial whose peak memory passes this share of what it may use is infeasible
 
 
 @dataclass(frozen=True)
@@ -96,6 +97,8 @@ class Definition:
         guard = dict(data["guard"])
         if guard.get("accuracy", True):  # the default: keys of studies made before it existed stay equal
             guard.pop("accuracy", None)
+        if guard.get("max_memory_fraction", 0.9) == 0.9:  # (likewise)
+            guard.pop("max_memory_fraction", None)
         study = self.study
         key = {
             "framework": study.framework,
@@ -152,7 +155,8 @@ _SECTIONS: dict[str, dict[str, tuple[tuple[type, ...], str]]] = {
     },
     "guard": {"accuracy": ((bool,), "true or false (false: no accuracy is needed or compared)"),
               "max_accuracy_drop": (_NUMBER, "a number between 0 and 1"),
-              "baseline_runs": ((int,), "an integer >= 1")},
+              "baseline_runs": ((int,), "an integer >= 1"),
+              "max_memory_fraction": (_NUMBER, "a number above 0, at most 1")},
     "confirm": {
         "top_k": ((int,), "an integer >= 0 (0 turns confirmation off)"),
         "repeats": ((int,), "an integer >= 1"),
@@ -265,6 +269,8 @@ def parse(text: str, source: str = "<string>", default_name: str | None = None,
     _check_range(0 <= guard.max_accuracy_drop <= 1, where, "[guard] max_accuracy_drop",
                  "a number between 0 and 1", guard.max_accuracy_drop)
     _check_range(guard.baseline_runs >= 1, where, "[guard] baseline_runs", "an integer >= 1", guard.baseline_runs)
+    _check_range(0 < guard.max_memory_fraction <= 1, where, "[guard] max_memory_fraction",
+                 "a number above 0, at most 1", guard.max_memory_fraction)
     if not guard.accuracy and objective != "throughput":
         raise UserError(f"{where}: [guard] accuracy = false leaves nothing to judge objective = {objective!r} by; "
                         f"it needs objective = \"throughput\"")

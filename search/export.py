@@ -78,6 +78,8 @@ def best_config(study: optuna.Study, pick: str | None = None) -> dict[str, Any]:
             "effective_batch_size": best.user_attrs.get("effective_batch_size"),
             "warmup_seconds": best.user_attrs.get("warmup_seconds"),
             "peak_memory_mb": best.user_attrs.get("peak_memory_mb"),
+            "memory_limit_mb": best.user_attrs.get("memory_limit_mb"),
+            "memory_fraction": best.user_attrs.get("memory_fraction"),
             "effective_samples_per_second": best.user_attrs.get("effective_samples_per_second"),
             "time_to_accuracy": best.user_attrs.get("time_to_accuracy"),
         },

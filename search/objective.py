@@ -23,7 +23,7 @@ from spaces.knobs import Context, Offer, Resolved, Space
 
 ATTR_FIELDS = (
     "samples_per_second", "samples_per_second_cv", "warmup_seconds", "val_accuracy", "final_loss",
-    "effective_batch_size", "peak_memory_mb", "burst_seconds", "window_rates", "nan_step",
+    "effective_batch_size", "peak_memory_mb", "memory_limit_mb", "burst_seconds", "window_rates", "nan_step",
     "amp_skipped_steps", "loader", "pipeline", "applied", "lr_scale", "evaluations", "target_reached",
     "time_to_accuracy", "settle_seconds", "settle_samples", "settle_drained", "short_windows", "unsettled",
     "not_exercised", "trained_samples", "placement",
@@ -318,6 +318,16 @@ def objective_values(report: Report, definition: Definition, base_accuracies: li
     return values, constraint, extra
 
 
+def memory_constraint(attrs: dict[str, Any], definition: Definition) -> float | None:
+    """How far the trial's peak memory passes ``[guard] max_memory_fraction`` of what it may use
+    (the GPU's memory; on a CPU the host memory the child could grow into): > 0 is infeasible,
+    since production would have less headroom than asked for. None where either is unknown."""
+    peak, limit = attrs.get("peak_memory_mb"), attrs.get("memory_limit_mb")
+    if not peak or not limit:
+        return None
+    return round(peak / limit - definition.guard.max_memory_fraction, 6)
+
+
 def tell(study: optuna.Study, trial: optuna.Trial, report: Report, definition: Definition,
          base_accuracies: list[float] | None) -> None:
     """Store the attributes and tell Optuna the values, constraints and state."""
@@ -336,10 +346,15 @@ def tell(study: optuna.Study, trial: optuna.Trial, report: Report, definition: D
         return
     if report.outcome == "ok" and (report.val_accuracy is not None or not definition.guard.accuracy):
         values, constraint, extra = objective_values(report, definition, base_accuracies)
-        report.attrs.update(extra, feasible=constraint <= 0)
+        memory = memory_constraint(report.attrs, definition)
+        if memory is not None:
+            extra["memory_fraction"] = round(report.attrs["peak_memory_mb"] / report.attrs["memory_limit_mb"], 4)
+        report.attrs.update(extra, feasible=constraint <= 0 and (memory is None or memory <= 0))
         for key, value in report.attrs.items():
             trial.set_user_attr(key, value)
         trial.set_constraint("accuracy", constraint)
+        if memory is not None:
+            trial.set_constraint("memory", memory)
         trial.set_constraint("outcome", 0.0)
         study.tell(trial, values)
     else:

@@ -50,8 +50,10 @@ def outcome(study: optuna.Study, trial: FrozenTrial) -> tuple[str, str]:
         if results.mode(study) == "time-to-accuracy" and attrs.get("accuracy_reached") is not None:
             return "target not reached", f"accuracy reached {attrs['accuracy_reached']:.3f}"
         accuracy, floor = attrs.get("val_accuracy"), attrs.get("accuracy_floor")
-        if accuracy is not None and floor is not None:
+        if accuracy is not None and floor is not None and accuracy < floor:
             return "below accuracy guard", f"val_accuracy {accuracy:.3f} < floor {floor:.3f}"
+        if attrs.get("memory_fraction") is not None:
+            return "over memory headroom", results.infeasible_why(attrs)
         return "below accuracy guard", ""
     if found == "ok":
         cv = attrs.get("samples_per_second_cv")

@@ -37,6 +37,18 @@ def baseline(study: optuna.Study) -> FrozenTrial | None:
     return (ok or found or [None])[-1]
 
 
+def infeasible_why(attrs: dict[str, Any]) -> str:
+    """Why an ok trial is infeasible, in a few words: under the accuracy floor, or its peak memory
+    over the headroom ``[guard] max_memory_fraction`` leaves."""
+    accuracy, floor = attrs.get("val_accuracy"), attrs.get("accuracy_floor")
+    if accuracy is not None and floor is not None and accuracy < floor:
+        return f"below accuracy guard ({floor:.3f})"
+    if attrs.get("memory_fraction") is not None:
+        return (f"over memory headroom (peak {attrs['peak_memory_mb']:,.0f} MB, {attrs['memory_fraction']:.0%} of "
+                f"the {attrs['memory_limit_mb']:,.0f} MB it may use)")
+    return f"below accuracy guard ({floor or 0:.3f})"
+
+
 def is_feasible(trial: FrozenTrial) -> bool:
     return (
         trial.state == TrialState.COMPLETE

@@ -40,7 +40,7 @@ def trial_line(number: int, attrs: dict[str, Any], best: tuple[str, int] | None,
         elif "accuracy_reached" in attrs:
             text += f"  target not reached (best {attrs['accuracy_reached']:.3f})"
         elif attrs.get("feasible") is False:
-            text += f"  below accuracy guard ({attrs.get('accuracy_floor', 0):.3f})"
+            text += "  " + results.infeasible_why(attrs)
         if attrs.get("noisy"):
             text += "  noisy"
     else:

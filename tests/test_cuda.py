@@ -34,6 +34,8 @@ def test_the_default_training_path_never_syncs_inside_a_window():
     child = strict_burst(pin_memory=True, num_workers=2, persistent_workers=True)
     assert child.outcome == "ok", child.failure
     assert child.data["applied"]["per_step_sync"] is None and child.data["val_accuracy"] > 0.3
+    # the memory headroom: the peak allocated on the device against the device's total memory
+    assert 0 < child.data["peak_memory_mb"] < child.data["memory_limit_mb"]
 
 
 def test_fp16_with_adam_steps_without_a_sync_through_the_fused_optimizer():

@@ -288,6 +288,8 @@ def test_diagnose_names_the_bottleneck(tmp_path: Path, workload: str, options: s
     ('objective = "time-to-accuracy"', "needs [study] target_accuracy"),
     ('lr_scaling = "cubic"', "lr_scaling must be one of none, linear, sqrt"),
     ("prune_below = 2", "prune_below must be"),
+    ("[guard]\nmax_memory_fraction = 0", "[guard] max_memory_fraction must be a number above 0, at most 1"),
+    ("[guard]\nmax_memory_fraction = 1.5", "[guard] max_memory_fraction must be a number above 0, at most 1"),
 ])
 def test_bad_objective_settings(text: str, expected: str):
     head = '[study]\nframework = "pytorch"\nworkload = "digits-mlp"\n'
@@ -303,3 +305,23 @@ def test_effective_batch_rules():
         definition.parse(head + "[baseline]\nbatch_size = 48\n[space]\neffective_batch_size = 64\n", "s.toml", "s")
     d = definition.parse(head + "[space]\neffective_batch_size = 128\n", "s.toml", "s")
     assert d.effective_batch_size == 128 and "effective_batch_size" not in d.space
+
+
+def test_a_trial_over_the_memory_headroom_is_infeasible(tmp_path: Path):
+    # every child holds far more than 0.1 % of the memory it may use (torch alone): all infeasible;
+    # with the default 0.9, the same trials fit
+    tight = body("tight", trials=2, extra="[guard]\nbaseline_runs = 1\nmax_memory_fraction = 0.001").replace(
+        'amp = ["off", "bf16"]', 'amp = ["off"]')
+    proc = knobtune("run", str(study_file(tmp_path, tight, "tight.toml")), *FAST, cwd=tmp_path, check=0)
+    done = [t for t in load(tmp_path, "tight").trials if t.user_attrs.get("outcome") == "ok"]
+    assert done
+    for t in done:
+        a = t.user_attrs
+        assert a["memory_fraction"] == pytest.approx(a["peak_memory_mb"] / a["memory_limit_mb"], abs=1e-4)
+        assert a["memory_fraction"] > 0.001 and t.constraints["memory"] > 0 and a["feasible"] is False
+    assert "over memory headroom (peak" in proc.stdout + proc.stderr
+    assert "no feasible trial" in knobtune("export", "tight", cwd=tmp_path, check=2).stderr
+    roomy = tight.replace('name = "tight"', 'name = "roomy"').replace("max_memory_fraction = 0.001", "")
+    knobtune("run", str(study_file(tmp_path, roomy, "roomy.toml")), *FAST, "--trials", "1", cwd=tmp_path, check=0)
+    base = load(tmp_path, "roomy").trials[0]
+    assert base.user_attrs["memory_fraction"] < 0.9 and base.constraints["memory"] <= 0 and results.is_feasible(base)

@@ -167,6 +167,8 @@ def test_a_tensorflow_study_through_the_cli(tmp_path: Path):
     done = [t for t in study.trials if t.user_attrs.get("outcome")]
     assert len(done) == 3 and all(t.user_attrs["outcome"] == "ok" for t in done), [(t.params, t.user_attrs.get("failure")) for t in done]
     assert done[0].user_attrs["is_baseline"] and done[0].params["prefetch"] == 0
+    # the memory headroom guard has both figures on a CPU: the child's peak RSS and what it may use
+    assert all(0 < t.user_attrs["memory_fraction"] < 0.9 and t.constraints["memory"] <= 0 for t in done)
     assert done[1].user_attrs["source"] == "advice" and done[1].params["map_parallel_calls"] == "autotune"
     assert study.user_attrs["fingerprint"]["tensorflow"].startswith("2.")
     knobtune("export", "tiny-tf", "-o", "best.json", cwd=tmp_path, check=0)

@@ -52,6 +52,29 @@ def memory_total_mb() -> int | None:
     return None
 
 
+def _cgroup_bytes(name: str) -> int | None:
+    try:
+        raw = Path(f"/sys/fs/cgroup/{name}").read_text().strip()
+    except OSError:
+        return None
+    return None if raw == "max" or not raw.isdigit() else int(raw)
+
+
+def memory_room_mb() -> float | None:
+    """The host memory this process may grow into: what it holds now plus what is available
+    (the smaller of the machine's and its cgroup's), in MiB; None where it cannot be read."""
+    try:
+        import psutil
+    except ImportError:
+        return None
+    held = psutil.Process().memory_info().rss
+    room = psutil.virtual_memory().available
+    limit, used = _cgroup_bytes("memory.max"), _cgroup_bytes("memory.current")
+    if limit is not None and used is not None:
+        room = min(room, max(0, limit - used))
+    return (held + room) / 2**20
+
+
 def package_version(name: str) -> str | None:
     try:
         return metadata.version(name)

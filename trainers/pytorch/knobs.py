@@ -10,6 +10,7 @@ from typing import Any, ContextManager
 
 import torch
 
+from trainers.common import hostinfo
 from trainers.common.errors import InvalidKnobs
 from trainers.pytorch import compiled
 
@@ -183,6 +184,14 @@ def per_step_sync(scaler: torch.amp.GradScaler, optimizer: torch.optim.Optimizer
         return (f"fp16: GradScaler reads found_inf on the host every step ({type(optimizer).__name__} "
                 f"has no fused implementation that takes it on the device)")
     return None
+
+
+def memory_limit_mb(device: torch.device) -> float | None:
+    """What the peak is judged against: the GPU's memory, or the host memory this process may
+    grow into on a CPU (trainers/common/hostinfo.memory_room_mb)."""
+    if device.type == "cuda":
+        return torch.cuda.get_device_properties(device).total_memory / 2**20
+    return hostinfo.memory_room_mb()
 
 
 def peak_memory_mb(device: torch.device) -> float:

@@ -633,6 +633,7 @@ class Tuned(TunedBase):
         self.judge(result, "the script stopped iterating kt.batches(...) after {done} of the burst's {total} "
                            "micro-batches (the burst continues across epochs by itself)")
         result["peak_memory_mb"] = K.peak_memory_mb(self.device)
+        result["memory_limit_mb"] = K.memory_limit_mb(self.device)
         return result
 
 

@@ -9,6 +9,7 @@ from typing import Any
 import keras
 import tensorflow as tf
 
+from trainers.common import hostinfo
 from trainers.common.errors import InvalidKnobs
 
 POLICIES = ("float32", "mixed_bfloat16", "mixed_float16")
@@ -106,6 +107,13 @@ def learning_rate(optimizer: Any) -> float | None:
         return float(rate) if rate is not None else None
     except (TypeError, ValueError):  # a schedule
         return None
+
+
+def memory_limit_mb(gpu: bool) -> float | None:
+    """What the peak is judged against: the host memory this process may grow into on a CPU
+    (trainers/common/hostinfo.memory_room_mb); None on a GPU, whose total TensorFlow does not
+    report (the headroom guard then does not apply)."""
+    return None if gpu else hostinfo.memory_room_mb()
 
 
 def peak_memory_mb(gpu: bool) -> float:

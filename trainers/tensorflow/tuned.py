@@ -506,6 +506,7 @@ class Tuned(TunedBase):
         self.judge(result, "the script's training stopped after {done} of the burst's {total} micro-batches "
                            "(a callback set model.stop_training?); kt.fit trains the whole burst by itself")
         result["peak_memory_mb"] = K.peak_memory_mb(self.gpu)
+        result["memory_limit_mb"] = K.memory_limit_mb(self.gpu)
         return result
 
 
