@@ -110,7 +110,7 @@ def _verdict(study: optuna.Study, base: FrozenTrial, best: FrozenTrial | None, m
     if confirmed:
         return "No candidate held up in the confirmation rounds; the search's best is shown."
     if best is None:
-        return f"No trial has beaten the accuracy guard yet; the baseline is trial #{base.number}."
+        return f"No trial has passed the guards yet; the baseline is trial #{base.number}."
     if best.number == base.number:
         return (f"Best so far: **the baseline** (trial #{base.number}): no other trial measured faster within the "
                 f"accuracy guard.")
@@ -327,8 +327,8 @@ def trial_story(study: optuna.Study, trial: FrozenTrial, url: str) -> list[Block
         blocks.append(("p", f"{_figure(trial, minimize)}{'' if minimize else ' samples/s'}, val_accuracy "
                             f"{_acc(attrs.get('val_accuracy'))}."))
         if attrs.get("feasible") is False:
-            blocks.append(("p", f"Below the accuracy guard ({attrs.get('accuracy_floor', 0):.3f}): not a "
-                                f"candidate."))
+            why = results.infeasible_why(attrs)
+            blocks.append(("p", f"{why[0].upper()}{why[1:]}: not a candidate."))
         return blocks
     failure = (attrs.get("failure") or "").strip()
     first, _, rest = failure.partition("\n")
