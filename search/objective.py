@@ -144,24 +144,21 @@ def measure_baseline(plan: Plan, resolved: dict[str, Resolved], tick: Callable[[
     ``placements`` (shares of one shape: nothing else runs beside the baseline) its runs go
     side by side, one per share; else one after the other, the first alone."""
     runs = plan.definition.guard.baseline_runs
-    if placements and len(placements) > 1 and runs > 1 and plan.definition.guard.accuracy:
-        reports: list[Report] = []
-        for start in range(0, runs, len(placements)):
-            batch = range(start, min(runs, start + len(placements)))
-            with ThreadPoolExecutor(max_workers=len(batch), thread_name_prefix="knobtune-baseline") as pool:
-                futures = [pool.submit(measure, replace(plan, placement=placements[i - start]), resolved, True,
-                                       tick=tick if i == 0 else None, seed_offset=i, cancel=cancel,
-                                       keep=keep if i == 0 else None) for i in batch]
-                reports += [f.result() for f in futures]
-        report = reports[0]
-        if report.outcome != "ok" or report.val_accuracy is None:
-            return report
-    else:
-        report = measure(plan, resolved, True, tick=tick, keep=keep, cancel=cancel)
-        if report.outcome != "ok" or report.val_accuracy is None or runs < 2:
-            return report
-        reports = [report] + [measure(plan, resolved, True, tick=tick, seed_offset=i, cancel=cancel)
-                              for i in range(1, runs)]
+    side_by_side = bool(placements) and len(placements) > 1 and plan.definition.guard.accuracy  # type: ignore[arg-type]
+    shares = placements if side_by_side else [plan.placement]
+    reports: list[Report] = []
+    for start in range(0, runs, len(shares)):  # (a batch of one share: one run after the other)
+        batch = range(start, min(runs, start + len(shares)))
+        with ThreadPoolExecutor(max_workers=len(batch), thread_name_prefix="knobtune-baseline") as pool:
+            futures = [pool.submit(measure, replace(plan, placement=shares[i - start]), resolved, True,  # type: ignore[index]
+                                   tick=tick if i == start else None, seed_offset=i, cancel=cancel,
+                                   keep=keep if i == 0 else None) for i in batch]
+            reports += [f.result() for f in futures]
+        if reports[0].outcome != "ok" or reports[0].val_accuracy is None:
+            return reports[0]  # (no accuracy to average: the first run is the baseline)
+    report = reports[0]
+    if runs < 2:
+        return report
     ok = [r for r in reports if r.outcome == "ok" and r.val_accuracy is not None]
     report.attrs["baseline_runs"] = [{"seed_offset": i, "outcome": r.outcome, "val_accuracy": r.val_accuracy,
                                       "samples_per_second": r.samples_per_second,
