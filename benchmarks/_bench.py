@@ -96,6 +96,36 @@ def interleaved(configs: dict[str, tuple[Plan, dict[str, Any]]], repeats: int) -
     return rates
 
 
+def overhead(plan: Plan, configs: list[dict[str, Any]]) -> dict[str, tuple[float, float]]:
+    """Each configuration measured twice, as a child forked from the warm server and as a fresh
+    process, alternately (so drift hits both alike); per way, the overhead (trial wall time minus
+    the burst's own) as a fraction of the trial wall time, and in seconds per trial."""
+    from search import forkserver
+
+    ways = {"warm server": "1", "fresh process": "0"}
+    spent: dict[str, list[tuple[float, float]]] = {way: [] for way in ways}
+    before = os.environ.get(forkserver.ENV_SWITCH)
+    try:
+        for i, params in enumerate(configs):
+            for way in (list(ways) if i % 2 == 0 else list(reversed(ways))):
+                os.environ[forkserver.ENV_SWITCH] = ways[way]
+                report = run_params(plan, params, way.split()[0])
+                trial, burst = report.attrs.get("trial_seconds"), report.attrs.get("burst_seconds")
+                if report.outcome == "ok" and trial and burst:
+                    spent[way].append((trial, burst))
+    finally:
+        if before is None:
+            os.environ.pop(forkserver.ENV_SWITCH, None)
+        else:
+            os.environ[forkserver.ENV_SWITCH] = before
+    out = {}
+    for way, pairs in spent.items():
+        trial_s, burst_s = sum(t for t, _ in pairs), sum(b for _, b in pairs)
+        out[way] = ((trial_s - burst_s) / trial_s if trial_s else float("nan"),
+                    (trial_s - burst_s) / len(pairs) if pairs else float("nan"))
+    return out
+
+
 def arguments(doc: str, trials: int) -> argparse.Namespace:
     """--trials, --repeats and --seed, the options every benchmark takes."""
     parser = argparse.ArgumentParser(description=doc, formatter_class=argparse.RawDescriptionHelpFormatter)

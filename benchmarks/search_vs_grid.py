@@ -3,9 +3,12 @@
 One run on this machine, on digits-mlp (PyTorch):
   1. the exhaustive grid over batch_size x num_workers x amp x intra_op_threads (other knobs default);
   2. a knobtune study of 20 trials over the same space (baseline and the seeds' advice first);
-  3. baseline, grid-best and search-best re-measured side by side, interleaved, 3 times each.
+  3. baseline, grid-best and search-best re-measured side by side, interleaved, 3 times each;
+  4. eight of the grid's configurations measured as children forked from the warm server and as
+     fresh processes, alternately.
 Prints best/baseline and found/grid-best as ratios, and the overhead per trial (trial wall time
-minus the burst's own time) as a fraction of the trial. Not a test: numbers vary with the machine.
+minus the burst's own time) as a fraction of the trial, for the study (warm server) and for both
+ways side by side. Not a test: numbers vary with the machine.
 
     .venv/bin/python benchmarks/search_vs_grid.py [--trials 20] [--repeats 3]
 """
@@ -15,7 +18,7 @@ import sys
 import tempfile
 from pathlib import Path
 
-from _bench import arguments, interleaved, median, plan_for, run_params, run_study, study_text
+from _bench import arguments, interleaved, median, overhead, plan_for, run_params, run_study, study_text
 
 SPACE = """
 batch_size = [32, 64, 128, 256]
@@ -61,6 +64,9 @@ def main() -> int:
                          "search-best": (plan, search_best_params)}, args.repeats)
     b, g, s = (median(rates[k]) for k in ("baseline", "grid-best", "search-best"))
 
+    print("\n4. overhead: warm server and fresh process, alternately", flush=True)
+    ways = overhead(plan, grid[::max(1, len(grid) // 8)][:8])
+
     print("\n=== search vs grid on digits-mlp (pytorch), this machine ===")
     print(f"grid: {len(grid)} configurations, {len(feasible)} pass the accuracy guard (>= {floor:.3f})")
     print(f"grid best:    {grid_best_params}")
@@ -70,8 +76,12 @@ def main() -> int:
     print(f"best/baseline        = {s / b:.2f}x   (grid-best/baseline = {g / b:.2f}x)")
     print(f"found/grid-best      = {s / g:.2f}")
     print(f"overhead per trial   = {(trial_s - burst_s) / trial_s:.0%} of trial wall time "
-          f"({(trial_s - burst_s) / len(done):.1f} s of {trial_s / len(done):.1f} s: process start, imports, "
+          f"({(trial_s - burst_s) / len(done):.1f} s of {trial_s / len(done):.1f} s: the study, warm server; child start, "
           f"data setup, evaluation)")
+    for way, (fraction, seconds) in ways.items():
+        print(f"  {way:<18} = {fraction:.0%} of trial wall time ({seconds:.1f} s per trial), side by side")
+    fresh, warm = ways["fresh process"][1], ways["warm server"][1]
+    print(f"  overhead fresh/warm = {fresh / warm:.1f}x")
     print(f"search wall time     = {search_wall:.0f} s for {len(done)} trials")
     return 0
 

@@ -26,7 +26,7 @@ ATTR_FIELDS = (
     "effective_batch_size", "peak_memory_mb", "memory_limit_mb", "burst_seconds", "window_rates", "nan_step",
     "amp_skipped_steps", "loader", "pipeline", "applied", "lr_scale", "evaluations", "target_reached",
     "time_to_accuracy", "settle_seconds", "settle_samples", "settle_drained", "short_windows", "unsettled",
-    "not_exercised", "trained_samples", "placement",
+    "not_exercised", "trained_samples", "placement", "child_start",
 )
 
 

@@ -21,6 +21,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Callable
 
+from search import forkserver
 from search.partition import Partition
 
 CHILD_OUTCOMES = ("ok", "nan", "oom", "invalid")
@@ -160,6 +161,20 @@ def _segments(path: Path) -> list[dict[str, Any]]:
     return out
 
 
+def _start(framework: str, argv: list[str], env: dict[str, str], log_path: Path, placement: Partition | None,
+           server: forkserver.Server | None) -> subprocess.Popen[bytes] | forkserver.ForkedChild:
+    """The child, forked from ``server`` (warm) or as a fresh ``python -m trainers.<framework>``."""
+    if server is not None:
+        try:
+            return server.start(argv, env, os.getcwd(), log_path)
+        except forkserver.ServerLost:
+            forkserver.discard(server)  # its busy lock goes with it
+    with open(log_path, "wb") as log:
+        return subprocess.Popen([sys.executable, "-m", f"trainers.{framework}", *argv], stdin=subprocess.DEVNULL,
+                                stdout=log, stderr=subprocess.STDOUT, start_new_session=True, env=env,
+                                preexec_fn=_before_exec(placement))
+
+
 def run_child(
     framework: str,
     command: str,
@@ -190,12 +205,10 @@ def run_child(
         env = {**os.environ, "PYTHONUNBUFFERED": "1"}
         if placement is not None:
             env = placement.env(env)
-        cmd = [sys.executable, "-m", f"trainers.{framework}", command,
-               "--request", str(request_path), "--result", str(result_path)]
+        argv = [command, "--request", str(request_path), "--result", str(result_path)]
         start = time.monotonic()
-        with open(log_path, "wb") as log:
-            proc = subprocess.Popen(cmd, stdin=subprocess.DEVNULL, stdout=log, stderr=subprocess.STDOUT,
-                                    start_new_session=True, env=env, preexec_fn=_before_exec(placement))
+        server = forkserver.acquire(framework, env, placement)
+        proc = _start(framework, argv, env, log_path, placement, server)
         timed_out, pruned, seen = False, None, 0
         try:
             while True:
@@ -230,6 +243,10 @@ def run_child(
             raise
         finally:
             kill_group(proc.pid)  # whatever the child left behind (workers) goes with it
+            if server is not None:
+                server.busy.release()
+                if getattr(proc, "lost", False):
+                    forkserver.discard(server)
         wall = time.monotonic() - start
         if keep is not None:
             shutil.copyfile(log_path, keep / "output.log")

@@ -170,7 +170,7 @@ def test_resume_continues_to_the_requested_trials(tmp_path: Path):
 
 
 def test_ctrl_c_stops_cleanly_and_keeps_finished_trials(tmp_path: Path):
-    body = STUDY.format(burst=TINY_BURST.replace("timeout_s = 120", "timeout_s = 600"))
+    body = slow_trials(STUDY.format(burst=TINY_BURST.replace("timeout_s = 120", "timeout_s = 600")))
     path = study_file(tmp_path, body.replace("trials = 3", "trials = 6"))
     log = tmp_path / "stderr.txt"
     with open(log, "a") as stream:  # append mode: our reads never move where the run writes
@@ -213,7 +213,7 @@ def test_ctrl_c_stops_cleanly_and_keeps_finished_trials(tmp_path: Path):
 
 
 def test_a_second_run_of_a_live_study_is_refused_and_a_killed_run_frees_it(tmp_path: Path):
-    body = STUDY.format(burst=TINY_BURST.replace("timeout_s = 120", "timeout_s = 600"))
+    body = slow_trials(STUDY.format(burst=TINY_BURST.replace("timeout_s = 120", "timeout_s = 600")))
     path = study_file(tmp_path, body.replace("trials = 3", "trials = 8"))
     log = tmp_path / "stderr.txt"
     with open(log, "a") as stream:
@@ -250,18 +250,29 @@ def test_a_second_run_of_a_live_study_is_refused_and_a_killed_run_frees_it(tmp_p
     assert not list(tmp_path.glob("*.lock"))  # released when the run ended
 
 
+def slow_trials(body: str) -> str:
+    """The tiny study with trials that take seconds (a forked child otherwise finishes its tiny
+    burst in well under one: too quickly to be caught running)."""
+    body = body.replace('workload = "kt_test_workloads:tiny"', 'workload = "kt_test_workloads:paced"')
+    return body.replace("[space]", "[workload]\nslow = [16, 32]\nstep_cost = 0.1\n[space]")
+
+
 def log_text(log: Path) -> str:
     return log.read_text(errors="replace")
 
 
 def burst_children(pid: int) -> list[psutil.Process]:
-    """The knobtune process's running trial children (a probe that just exited may be a zombie)."""
+    """The knobtune process's running trial children (a probe that just exited may be a zombie):
+    fresh ones (``python -m trainers.pytorch burst``) and ones forked by its warm server (named
+    kt-burst), each the leader of its own process group."""
     out = []
-    for child in psutil.Process(pid).children():
+    for child in psutil.Process(pid).children(recursive=True):
         try:
-            if "trainers.pytorch" in " ".join(child.cmdline()) and "burst" in child.cmdline():
+            fresh = "trainers.pytorch" in " ".join(child.cmdline()) and "burst" in child.cmdline()
+            if (fresh or child.name() == "kt-burst") and os.getpgid(child.pid) == child.pid \
+                    and child.status() != psutil.STATUS_ZOMBIE:
                 out.append(child)
-        except psutil.Error:
+        except (psutil.Error, ProcessLookupError):
             pass
     return out
 

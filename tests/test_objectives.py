@@ -234,7 +234,7 @@ def test_the_guard_floor_comes_from_several_baseline_runs(tmp_path: Path):
 
 def test_amortisation_flips_the_choice_for_a_costly_warm_up(tmp_path: Path):
     # (the guard is loose here: on 320 samples the two batch sizes' accuracies differ by chance)
-    workload = '[guard]\nmax_accuracy_drop = 0.3\n[workload]\nslow = [32]\nstep_cost = 0.004\nwarm = [16]\nwarmup_cost = 2.0'
+    workload = '[guard]\nmax_accuracy_drop = 0.3\n[workload]\nslow = [32]\nstep_cost = 0.004\nwarm = [16]\nwarmup_cost = 6.0'
     for name, job in (("steady", ""), ("short-job", "job_samples = 2000")):
         path = study_file(tmp_path, body(name, job, workload="kt_test_workloads:paced",
                                          trials=2, extra=workload)

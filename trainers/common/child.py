@@ -19,6 +19,10 @@ from trainers.common.errors import InvalidKnobs, WorkloadError
 
 Handler = Callable[[dict[str, Any]], dict[str, Any]]
 
+# How this process started: "fresh" (python -m trainers.<framework>) or "forked" (from the warm
+# server, trainers/common/forkserver.py, which sets it); every result says which.
+STARTED = "fresh"
+
 
 def _finite(value: Any) -> Any:
     """JSON has no NaN/Inf: replace them with None, recursively."""
@@ -72,6 +76,7 @@ def main(framework: str, commands: tuple[str, ...], handlers: Callable[[], dict[
             raise WorkloadError(problem)
         result = handlers()[args.command](request)
         result["placement"] = hostinfo.placement()
+        result["child_start"] = STARTED
         code = 0
     except WorkloadError as exc:
         result, code = {"error": str(exc)}, 2

@@ -1,0 +1,216 @@
+"""The warm start for trial children: ``python -m trainers.common.forkserver FRAMEWORK``.
+
+A long-lived server imports the framework and every module a trial imports, once, then forks a
+fresh child per request. It initialises nothing that cannot survive a fork: no tensor is made, no
+CUDA context, no OpenMP or intra-op thread pool, no TensorFlow runtime (importing TensorFlow
+starts none; the only threads an import leaves are OpenBLAS's idle servers, which OpenBLAS
+re-creates after a fork). A child then starts the way a fresh ``python -m trainers.FRAMEWORK``
+process would: its own session and process group, SIGKILL when the server dies, stdin from
+/dev/null, stdout and stderr into its log, the request's environment and working directory,
+fresh random seeds, and the same ``trainers.common.child.main``.
+
+Protocol, one JSON object per line. The server says ``{"ready": ..., "threads": N}`` once its
+imports are done. Each request ``{"argv", "env", "cwd", "log"}`` on stdin is answered with
+``{"pid": P}`` when the child runs and ``{"exit": S}`` (the exit code, or minus the signal) when it
+has ended. The server serves one child at a time. When stdin closes (the parent ended, however
+it ended) the server kills the child's process group and exits.
+"""
+from __future__ import annotations
+
+import importlib
+import json
+import os
+import random
+import select
+import signal
+import sys
+import time
+import traceback
+from typing import Any
+
+PR_SET_PDEATHSIG = 1
+
+
+PR_SET_NAME = 15
+
+
+def _libc() -> Any:
+    try:
+        import ctypes
+
+        return ctypes.CDLL("libc.so.6", use_errno=True)
+    except (OSError, AttributeError):
+        return None
+
+
+_LIBC = _libc()  # loaded before any fork: the child only calls it
+
+
+def _prctl(option: int, value: Any) -> None:
+    if _LIBC is not None:
+        _LIBC.prctl(option, value)
+
+
+def warm(framework: str) -> dict[str, Any]:
+    """Import what every trial of ``framework`` imports (nothing runs); returns the trainer's
+    ``__main__`` module. An old or broken framework is left for the child to report."""
+    entry = importlib.import_module(f"trainers.{framework}.__main__")
+    from trainers.common import versions
+
+    if versions.check(framework) is None:
+        entry.handlers()
+        if framework == "pytorch":
+            # torch.optim imports dynamo on an optimizer's first use: most of a second per trial
+            importlib.import_module("torch._dynamo")
+    return {"entry": entry}
+
+
+def unsafe_to_fork(framework: str) -> str | None:
+    """Why this server must not fork (its imports started what a fork cannot carry), or None."""
+    torch = sys.modules.get("torch")
+    if torch is not None and torch.cuda.is_initialized():
+        return "an import initialised CUDA"
+    context = sys.modules.get("tensorflow.python.eager.context")
+    if context is not None:
+        current = context.context_safe()
+        if current is not None and current._initialized:
+            return "an import initialised TensorFlow's runtime"
+    return None
+
+
+def thread_count() -> int:
+    try:
+        return len(os.listdir("/proc/self/task"))
+    except OSError:
+        return 0
+
+
+def _reseed() -> None:
+    """What a fresh interpreter would have: Python's and NumPy's global generators seeded from
+    the OS (torch's default generator has a fixed seed, which the server never consumed)."""
+    random.seed()
+    numpy = sys.modules.get("numpy")
+    if numpy is not None:
+        numpy.random.seed()
+
+
+def _become_child(framework: str, state: dict[str, Any], request: dict[str, Any], server_pid: int) -> None:
+    """In the forked child: set up as a fresh process would be, run the command, never return."""
+    code = 1
+    try:
+        os.setsid()
+        _prctl(PR_SET_PDEATHSIG, signal.SIGKILL)
+        # its name in ps and top (the command line stays the server's): kt-burst, kt-probe, ...
+        _prctl(PR_SET_NAME, f"kt-{request['argv'][0]}"[:15].encode())
+        if os.getppid() != server_pid:  # the server died between fork and prctl
+            os._exit(1)
+        devnull = os.open(os.devnull, os.O_RDONLY)
+        log = os.open(request["log"], os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o644)
+        os.dup2(devnull, 0)
+        os.dup2(log, 1)
+        os.dup2(log, 2)
+        os.close(devnull)
+        os.close(log)
+        os.chdir(request["cwd"])
+        os.environ.clear()
+        os.environ.update(request["env"])
+        for name, value in state["imports_set"].items():
+            os.environ.setdefault(name, value)
+        sys.path[0] = request["cwd"]
+        sys.argv = [f"trainers.{framework}", *request["argv"]]
+        _reseed()
+        from trainers.common import child
+
+        child.STARTED = "forked"
+        entry = state["entry"]
+        child.main(framework, entry.COMMANDS, entry.handlers, list(request["argv"]))
+    except SystemExit as exc:  # argparse
+        code = exc.code if isinstance(exc.code, int) else 2
+    except BaseException:  # noqa: BLE001 - a crash is the child's outcome, as in a fresh process
+        traceback.print_exc()
+    finally:
+        try:
+            sys.stdout.flush()
+            sys.stderr.flush()
+        finally:
+            os._exit(code)
+
+
+def _kill_group(pid: int) -> None:
+    try:
+        os.killpg(pid, signal.SIGKILL)
+    except (ProcessLookupError, PermissionError):
+        pass
+
+
+def _say(message: dict[str, Any]) -> None:
+    sys.stdout.write(json.dumps(message) + "\n")
+    sys.stdout.flush()
+
+
+def _wait(pid: int, stdin_fd: int) -> int | None:
+    """The child's exit code (minus the signal), or None when the parent went away first."""
+    try:
+        pidfd: int | None = os.pidfd_open(pid)
+    except (AttributeError, OSError):
+        pidfd = None
+    try:
+        while True:
+            watched = [stdin_fd] + ([pidfd] if pidfd is not None else [])
+            ready, _, _ = select.select(watched, [], [], 0.05 if pidfd is None else None)
+            if stdin_fd in ready and not os.read(stdin_fd, 1):
+                return None
+            done, status = os.waitpid(pid, os.WNOHANG)
+            if done:
+                return os.waitstatus_to_exitcode(status)
+    finally:
+        if pidfd is not None:
+            os.close(pidfd)
+
+
+def serve(framework: str) -> int:
+    start = time.monotonic()
+    before = dict(os.environ)
+    try:
+        state = warm(framework)
+        # what the imports set for themselves (TF_CPP_MIN_LOG_LEVEL): a fresh child's imports would too
+        state["imports_set"] = {k: v for k, v in os.environ.items() if before.get(k) != v}
+        problem = unsafe_to_fork(framework)
+        if problem:
+            raise RuntimeError(f"{problem}: forking children from it would be unsafe")
+    except Exception as exc:  # noqa: BLE001 - the parent falls back to a fresh process per trial
+        _say({"ready": False, "error": f"{type(exc).__name__}: {exc}"})
+        return 1
+    _say({"ready": True, "threads": thread_count(), "import_seconds": round(time.monotonic() - start, 3)})
+    stdin_fd = sys.stdin.fileno()
+    buffer = b""
+    while True:
+        while b"\n" not in buffer:
+            chunk = os.read(stdin_fd, 65536)
+            if not chunk:
+                return 0
+            buffer += chunk
+        line, buffer = buffer.split(b"\n", 1)
+        if buffer:  # one request at a time: anything more is a protocol error
+            _say({"error": "a second request arrived while one was pending"})
+            return 1
+        request = json.loads(line)
+        sys.stdout.flush()
+        sys.stderr.flush()
+        server_pid = os.getpid()
+        pid = os.fork()
+        if pid == 0:
+            _become_child(framework, state, request, server_pid)
+        _say({"pid": pid})
+        code = _wait(pid, stdin_fd)
+        if code is None:
+            _kill_group(pid)
+            os.waitpid(pid, 0)
+            return 0
+        _say({"exit": code})
+
+
+if __name__ == "__main__":
+    if len(sys.argv) != 2:
+        sys.exit(f"usage: python -m trainers.common.forkserver FRAMEWORK (got {sys.argv[1:]})")
+    sys.exit(serve(sys.argv[1]))
