@@ -112,3 +112,26 @@ def test_without_a_config_the_scripts_own_cuda_settings_stay():
                           env={**os.environ, "KNOBTUNE_CONFIG": ""})
     assert proc.returncode == 0, proc.stderr
     assert proc.stdout.split() == ["True", "high"]
+
+
+def test_forked_children_each_set_up_cuda_and_cudnn_their_own_way():
+    """Children forked from the warm server each create their own CUDA context and read back their
+    own cuDNN flags; the server itself never holds the GPU."""
+    import shutil
+    import subprocess
+
+    from search import forkserver
+
+    seen = []
+    for benchmark, precision in ((True, "high"), (False, "highest"), (True, "highest")):
+        child = burst(cudnn_benchmark=benchmark, matmul_precision=precision)
+        assert child.outcome == "ok", child.failure
+        assert child.data["child_start"] == "forked"
+        applied = child.data["applied"]
+        seen.append((applied["cudnn_benchmark"], applied["matmul_precision"]))
+    assert seen == [(True, "high"), (False, "highest"), (True, "highest")]
+    servers = {s.proc.pid for k, s in forkserver._servers.items() if k[0] == "pytorch"}
+    if servers and shutil.which("nvidia-smi"):
+        apps = subprocess.run(["nvidia-smi", "--query-compute-apps=pid", "--format=csv,noheader"],
+                              capture_output=True, text=True).stdout.split()
+        assert not servers & {int(p) for p in apps if p.isdigit()}
