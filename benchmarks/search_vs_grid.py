@@ -54,8 +54,10 @@ def main() -> int:
         study, search_wall = run_study(text, f"sqlite:///{Path(tmp) / 'bench.db'}")
         best = results.best(study)
         done = results.finished(study)
-        trial_s = sum(t.user_attrs.get("trial_seconds", 0) for t in done)
-        burst_s = sum(t.user_attrs.get("burst_seconds", 0) for t in done)
+        # (trials measured to the end: a pruned trial has a wall time but no burst time)
+        measured = [t for t in done if t.user_attrs.get("trial_seconds") and t.user_attrs.get("burst_seconds")]
+        trial_s = sum(t.user_attrs["trial_seconds"] for t in measured)
+        burst_s = sum(t.user_attrs["burst_seconds"] for t in measured)
         search_best_params = dict(best.params)
         search_rank = 1 + sum(1 for _, r in feasible if (r.samples_per_second or 0) > best.user_attrs["samples_per_second"])
 
@@ -76,7 +78,7 @@ def main() -> int:
     print(f"best/baseline        = {s / b:.2f}x   (grid-best/baseline = {g / b:.2f}x)")
     print(f"found/grid-best      = {s / g:.2f}")
     print(f"overhead per trial   = {(trial_s - burst_s) / trial_s:.0%} of trial wall time "
-          f"({(trial_s - burst_s) / len(done):.1f} s of {trial_s / len(done):.1f} s: the study, warm server; child start, "
+          f"({(trial_s - burst_s) / len(measured):.1f} s of {trial_s / len(measured):.1f} s: the study, warm server; child start, "
           f"data setup, evaluation)")
     for way, (fraction, seconds) in ways.items():
         print(f"  {way:<18} = {fraction:.0%} of trial wall time ({seconds:.1f} s per trial), side by side")

@@ -191,7 +191,7 @@ _lock = threading.Lock()
 
 def _key(framework: str, env: dict[str, str], placement: Partition | None) -> tuple[Any, ...]:
     cores = tuple(placement.cores) if placement is not None else None
-    return framework, cores, tuple(sorted(env.items()))
+    return framework, cores, tuple(sorted((k, v) for k, v in env.items() if k != ENV_SWITCH))
 
 
 def acquire(framework: str, env: dict[str, str], placement: Partition | None) -> Server | None:
