@@ -34,6 +34,8 @@ class StudySection:
     job_samples: int | None = None           # the planned production run, for warm-up amortisation
     lr_scaling: str = "none"                 # rescale the learning rate with the effective batch
     prune_below: float = 0.5                 # prune a trial whose first windows run under this x best (0: off)
+    warm_start: tuple[str, ...] = ()         # earlier studies whose winners and top trials are queued first
+    warm_start_top_k: int = 3                # each source's best trials queued after the winners
 
     @property
     def job(self) -> str:
@@ -145,6 +147,8 @@ _SECTIONS: dict[str, dict[str, tuple[tuple[type, ...], str]]] = {
         "job_samples": ((int,), "an integer >= 1"),
         "lr_scaling": ((str,), f"one of {', '.join(LR_SCALINGS)}"),
         "prune_below": (_NUMBER, "a number between 0 and 1 (0 turns pruning off)"),
+        "warm_start": ((list,), "an array of names of earlier studies in the same storage"),
+        "warm_start_top_k": ((int,), "an integer >= 0 (each source's best trials queued after the winners)"),
     },
     "burst": {
         "train_samples": ((int,), "an integer >= 1"),
@@ -250,6 +254,10 @@ def parse(text: str, source: str = "<string>", default_name: str | None = None,
             _check_range(study[key] >= 1, where, f"[study] {key}", "an integer >= 1", study[key])
     _check_range(0 <= study.get("prune_below", 0.5) < 1, where, "[study] prune_below",
                  "a number from 0 (off) to below 1", study.get("prune_below"))
+    if "warm_start" in study:
+        study["warm_start"] = warm_start_names(study["warm_start"], f"{where}: [study] warm_start")
+    _check_range(study.get("warm_start_top_k", 0) >= 0, where, "[study] warm_start_top_k", "an integer >= 0",
+                 study.get("warm_start_top_k"))
 
     burst = BurstSection(**_section(raw, "burst", where))
     _check_range(burst.train_samples >= 1, where, "[burst] train_samples", "an integer >= 1", burst.train_samples)
@@ -318,6 +326,13 @@ def parse(text: str, source: str = "<string>", default_name: str | None = None,
     )
 
 
+def warm_start_names(names: list[Any], what: str) -> tuple[str, ...]:
+    """Study names for a warm start (each once, in order); ``what`` names where they came from."""
+    if not all(isinstance(n, str) and n.strip() for n in names):
+        raise UserError(f"{what} must be study names (non-empty strings), got {names!r}")
+    return tuple(dict.fromkeys(n.strip() for n in names))
+
+
 def _script(study: dict[str, Any], where: str, base_dir: Path | None) -> tuple[str, tuple[str, ...]]:
     """[study] script as an absolute path (relative ones from the study file's folder), and args."""
     given = Path(study["script"]).expanduser()
@@ -346,6 +361,7 @@ def from_dict(data: Mapping[str, Any]) -> Definition:
     """Rebuild a Definition from ``as_dict()`` (as stored in a study's attributes)."""
     study = dict(data["study"])
     study["args"] = tuple(study.get("args") or ())
+    study["warm_start"] = tuple(study.get("warm_start") or ())
     return Definition(
         study=StudySection(**study),
         confirm=ConfirmSection(**data.get("confirm", {})),

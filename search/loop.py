@@ -23,7 +23,7 @@ from typing import Any, Callable, TextIO
 import optuna
 from optuna.trial import FrozenTrial, TrialState
 
-from search import artifacts, notes, partition, results, story, workers
+from search import artifacts, notes, partition, results, story, warmstart, workers
 from search.errors import RunError
 from search.lease import Lease
 from search.objective import (Plan, Report, baseline_accuracies, duplicate_of, measure, measure_baseline,
@@ -151,8 +151,10 @@ class Search:
 
     def __init__(self, study: optuna.Study, plan: Plan, url: str, err: TextIO, progress: Progress,
                  artifact_store: Any, slots: list[Partition | None], rng: random.Random,
-                 shared: Sharing | None = None, worker: str = "", engine: Any = None) -> None:
+                 shared: Sharing | None = None, worker: str = "", engine: Any = None,
+                 warm: list[warmstart.Candidate] | None = None) -> None:
         self.study, self.plan, self.url, self.err, self.progress = study, plan, url, err, progress
+        self.warm = warm or []  # earlier studies' configurations, queued once the baseline succeeded
         self.artifact_store, self.rng, self.shared, self.worker = artifact_store, rng, shared, worker
         self.free = list(slots)
         self.running: dict[Future[Report], Running] = {}
@@ -236,8 +238,17 @@ class Search:
 
     # -- the loop --------------------------------------------------------------------------------
 
+    def _queue_first(self, advice: bool) -> None:
+        """After a successful baseline: the warm start's configurations, then (``advice``) the seeds' advice."""
+        with self._queue_held():
+            warmstart.enqueue(self.study, self.plan, self.warm, self.err)
+            if advice:
+                enqueue_advice(self.study, self.plan)
+
     def run(self, target: int, timeout: float | None) -> None:
         started, submitting = time.monotonic(), True
+        if self.warm and self._db(self._baseline_ok):  # resumed with a new warm-start source
+            self._db(lambda: self._queue_first(advice=False))
         try:
             while True:
                 self._db(self._watch)
@@ -437,8 +448,7 @@ class Search:
                 self.err.write(note(finished.number, finished.user_attrs[attr]) + "\n")
         if is_baseline and report.outcome == "ok":
             self.plan = narrow(self.plan, report.attrs.get("not_exercised"), self.err)
-            with self._queue_held():
-                enqueue_advice(study, self.plan)
+            self._queue_first(advice=True)
         if is_baseline and report.outcome != "ok":
             raise RunError(
                 f"the baseline trial #{finished.number} did not succeed ({report.outcome}: "

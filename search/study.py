@@ -12,7 +12,7 @@ from typing import Any, Callable, TextIO
 import optuna
 from optuna.trial import TrialState
 
-from search import __version__, artifacts, loop, notes, partition, results, runlock, workers
+from search import __version__, artifacts, loop, notes, partition, results, runlock, warmstart, workers
 from search.confirm import confirm
 from search.definition import Definition
 from search.diagnose import diagnose_study
@@ -266,6 +266,7 @@ class _Setup:
         study_cfg = definition.study
         artifact_dir = artifacts.resolve(url, artifacts_option)
         artifact_store = artifacts.store(artifacts.prepare(artifact_dir)) if artifact_dir is not None else None
+        warm = self._patiently(lambda: warmstart.candidates(self.storage, name, definition))  # (refusals: before the probe)
         info = probe_study(definition, err)
         slots, info = _partition(definition, info, jobs_option, err)
         fingerprint = info["fingerprint"]
@@ -301,7 +302,7 @@ class _Setup:
         progress.best = loop.best_label(study)
         search = loop.Search(study, plan, url, err, progress, artifact_store, slots,
                              random.Random(study_cfg.seed if seed is None else seed), shared, self.worker,
-                             self.storage.engine)
+                             self.storage.engine, warm)
         try:
             search.run(target, timeout)
         except KeyboardInterrupt:

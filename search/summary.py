@@ -28,6 +28,9 @@ def trial_line(number: int, attrs: dict[str, Any], best: tuple[str, int] | None,
     outcome = attrs.get("outcome", "?")
     source = attrs.get("source")
     tag = f"[{source}]" if source in ("baseline", "advice", "explore") else ""
+    origin = attrs.get("warm_start_from")
+    if origin:
+        tag = f"[warm start: {origin['study']} #{origin['trial']}]"
     head = f"trial #{number:<3} {outcome:<7}"
     if outcome == "ok":
         text = (f"{head} {rate(attrs.get('samples_per_second')):>9} samples/s  "

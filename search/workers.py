@@ -102,7 +102,8 @@ def fail_and_requeue(study: optuna.Study, trial: FrozenTrial, failure: str, queu
     with queue.held():
         waiting_or_done = study.get_trials(deepcopy=False)
         if not any(t.user_attrs.get("retry_of") == trial.number for t in waiting_or_done):
-            keep = {k: trial.user_attrs[k] for k in ("is_baseline", "source") if k in trial.user_attrs}
+            keep = {k: trial.user_attrs[k] for k in ("is_baseline", "source", "warm_start_from")
+                    if k in trial.user_attrs}
             study.enqueue_trial(configuration(trial), user_attrs={**keep, "retry_of": trial.number},
                                 skip_if_exists=False)
         try:

@@ -2,6 +2,7 @@
 from __future__ import annotations
 
 import argparse
+from dataclasses import replace
 
 from search import definition, study
 from search.errors import UserError
@@ -46,6 +47,10 @@ def search_args(p: argparse.ArgumentParser, file_help: str = "the study definiti
                    help="trials at once, each pinned to its own share of the machine: one GPU each (auto: one "
                         "per GPU) and an equal share of the CPU cores; the winner is exported for that share "
                         "(default: 1, the whole machine)")
+    p.add_argument("--warm-start", metavar="STUDY", action="append",
+                   help="queue the confirmed winner and top trials of this earlier study of the same framework in "
+                        "the same storage first, clipped to this space (repeat it or separate names with commas; "
+                        "replaces [study] warm_start)")
 
 
 def add(subparsers: argparse._SubParsersAction) -> None:
@@ -66,7 +71,15 @@ def checked(args: argparse.Namespace) -> definition.Definition:
     parsed = definition.load(args.study_file)
     if args.name is not None and not args.name.strip():
         raise UserError("--name must not be empty")
-    return parsed
+    return warm_started(parsed, args)
+
+
+def warm_started(parsed: definition.Definition, args: argparse.Namespace) -> definition.Definition:
+    """The definition with --warm-start's studies in place of [study] warm_start, when given."""
+    if args.warm_start is None:
+        return parsed
+    names = [n for given in args.warm_start for n in given.split(",") if n.strip()]  # ('' : none)
+    return replace(parsed, study=replace(parsed.study, warm_start=definition.warm_start_names(names, "--warm-start")))
 
 
 def main(args: argparse.Namespace) -> int:

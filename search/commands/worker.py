@@ -4,7 +4,7 @@ from __future__ import annotations
 import argparse
 
 from search import definition, study
-from search.commands.run import _positive_float, _positive_int, checked, search_args
+from search.commands.run import _positive_float, _positive_int, checked, search_args, warm_started
 from search.errors import UserError
 from search.export import load_existing, study_names
 from search.storage import open_storage, redact, resolve_url
@@ -40,7 +40,7 @@ def main(args: argparse.Namespace) -> int:
         raise UserError(f"--grace must be longer than --heartbeat (a live worker's trial would be taken for dead), "
                         f"got --grace {args.grace} and --heartbeat {args.heartbeat}")
     sharing = Sharing(heartbeat_s=args.heartbeat, grace_s=args.grace, db_retry_s=args.db_retry)
-    parsed = checked(args) if args.study_file else stored(args)
+    parsed = checked(args) if args.study_file else warm_started(stored(args), args)
     return study.run(parsed, storage_url=args.storage, trials=args.trials, timeout=args.timeout,
                      name=args.name, confirm_winners=not args.no_confirm, diagnose=not args.no_diagnose,
                      artifacts_option=args.artifacts, jobs=args.jobs, sharing=sharing, worker_command=True)
