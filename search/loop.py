@@ -62,7 +62,8 @@ def enqueue_advice(study: optuna.Study, plan: Plan) -> None:
         return  # sampler = "random" is plain random search: no expert start
     baseline = plan.space.baseline_params(plan.offer, plan.ctx, plan.definition.baseline)
     advice = plan.space.advice_params(plan.offer, plan.ctx, plan.definition.baseline)
-    if advice != baseline:  # (queued first: a lost connection between the two is retried whole)
+    if advice != baseline and advice not in results.configurations(study):  # (a warm start may have queued it)
+        # (queued first: a lost connection between the two is retried whole)
         study.enqueue_trial(advice, user_attrs={"source": "advice"})
     study.set_user_attr("advice_enqueued", True)
 
@@ -71,9 +72,7 @@ def unmeasured(study: optuna.Study, plan: Plan, rng: random.Random,
                running: set[int] = frozenset()) -> dict[str, Any] | None:  # type: ignore[assignment]
     """Params of a random configuration no trial has measured, is measuring (``running``) or
     waits to measure (None if none is found)."""
-    seen = [t.params for t in results.finished(study)]
-    seen += [t.params for t in study.get_trials(deepcopy=False, states=(TrialState.RUNNING,)) if t.number in running]
-    seen += [t.system_attrs.get("fixed_params", {}) for t in study.get_trials(deepcopy=False, states=(TrialState.WAITING,))]
+    seen = results.configurations(study, running)
     for _ in range(RANDOM_TRIES):
         params = plan.space.random_params(plan.offer, rng)
         if params not in seen:

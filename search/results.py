@@ -131,6 +131,17 @@ def best(study: optuna.Study, pick: str | None = None) -> FrozenTrial | None:
     return searched_best(study, pick or "fastest-feasible")
 
 
+def configurations(study: optuna.Study, running: set[int] | None = None) -> list[dict[str, Any]]:
+    """The params of every trial measured, being measured (only ``running`` ones, when given)
+    or waiting in the queue: what a new proposal must not repeat."""
+    out = [dict(t.params) for t in finished(study)]
+    out += [dict(t.params) for t in study.get_trials(deepcopy=False, states=(TrialState.RUNNING,))
+            if running is None or t.number in running]
+    out += [dict(t.system_attrs.get("fixed_params", {}))
+            for t in study.get_trials(deepcopy=False, states=(TrialState.WAITING,))]
+    return out
+
+
 def knob_values(trial: FrozenTrial) -> dict[str, Any]:
     """The effective value of every knob of a trial (applied or not)."""
     return {name: entry["value"] for name, entry in trial.user_attrs.get("knobs", {}).items()}

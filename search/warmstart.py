@@ -13,7 +13,7 @@ from dataclasses import dataclass
 from typing import Any, Mapping, TextIO
 
 import optuna
-from optuna.trial import FrozenTrial, TrialState
+from optuna.trial import FrozenTrial
 
 from search import results
 from search.definition import Definition
@@ -131,17 +131,6 @@ def clip(space: Space, offer: Offer, values: Mapping[str, Any]) -> tuple[dict[st
     return searched, {k: v for k, v in changed.items() if len(offer.choices[k]) > 1}
 
 
-def _known(study: optuna.Study) -> list[dict[str, Any]]:
-    """Params of every trial this study measured, is measuring or has queued."""
-    out = []
-    for t in study.get_trials(deepcopy=False):
-        if t.state == TrialState.WAITING:
-            out.append(dict(t.system_attrs.get("fixed_params", {})))
-        elif t.state != TrialState.FAIL:
-            out.append(dict(t.params))
-    return out
-
-
 def enqueue(study: optuna.Study, plan: Plan, found: list[Candidate], err: TextIO) -> int:
     """Queue ``found`` (clipped, deduplicated) and record their sources; the number queued. Once
     the study's baseline has succeeded (it goes first); a recorded source is never queued again."""
@@ -150,7 +139,7 @@ def enqueue(study: optuna.Study, plan: Plan, found: list[Candidate], err: TextIO
     fresh = [c for c in found if c.study not in used]
     if not fresh or base is None or base.user_attrs.get("outcome") != "ok":
         return 0
-    known, queued = _known(study), 0
+    known, queued = results.configurations(study), 0
     for c in fresh:
         params, changed = clip(plan.space, plan.offer, c.values)
         if params in known:
