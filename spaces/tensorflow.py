@@ -7,8 +7,8 @@ from __future__ import annotations
 
 from typing import Any
 
-from spaces.knobs import (Context, Knob, Space, accumulation_knob, batch_size_knob, core_counts, hardware, one_of,
-                          positive, threads_knob)
+from spaces.knobs import (Context, Knob, Space, accumulation_knob, batch_size_knob, core_counts, fits_cores, hardware,
+                          one_of, positive, threads_knob)
 
 AUTOTUNE = "autotune"
 _hw = hardware
@@ -54,6 +54,34 @@ def _mixed(values: Any) -> str | None:
     return None if policy == "float32" else f"mixed_precision={policy} computes in 16 bits: fp32 precision does not apply"
 
 
+def _no_gpu(ctx: Context) -> str | None:
+    return None if _hw(ctx).get("gpu") else "sets how TensorFlow launches GPU kernels; this machine has no GPU"
+
+
+def _whole_step_compiled(values: Any) -> str | None:
+    if values.get("jit_compile"):
+        return "jit_compile=True compiles the whole train step with XLA: auto-clustering has nothing left to cluster"
+    return None
+
+
+def _maps_parallel(values: Any) -> str | None:
+    calls = values.get("map_parallel_calls", 0)
+    return None if not calls else (f"map_parallel_calls={calls!r} already runs the maps in parallel: "
+                                   f"map_parallelization only rewrites sequential maps")
+
+
+def _nothing_parallel(values: Any) -> str | None:
+    if any(values.get(k, 0) for k in ("interleave_parallel_calls", "map_parallel_calls", "prefetch")):
+        return None
+    if values.get("map_parallelization", True):
+        return None  # the sequential stateless maps run on the pool
+    return "no tf.data op runs in parallel or ahead (no parallel calls, no prefetch): no thread pool to size"
+
+
+def _non_negative(value: Any) -> str | None:
+    return None if value >= 0 else f"must be >= 0 (0 = TensorFlow's shared pool), got {value}"
+
+
 KNOBS = (
     batch_size_knob(),
     accumulation_knob("Keras 3 optimizer gradient_accumulation_steps"),
@@ -81,6 +109,17 @@ KNOBS = (
     threads_knob("tf.config.threading intra-op threads", "TensorFlow"),
     Knob("tf32", bool, True, "TF32 tensor cores for fp32 matmuls and convolutions (TensorFlow's default on Ampere+)",
          choices=lambda ctx: [True, False], unavailable=_no_tf32, inactive=_mixed),
+    Knob("xla_auto_clustering", bool, False,
+         "tf.config.optimizer.set_jit: XLA compiles clusters of the graphs jit_compile leaves alone",
+         choices=lambda ctx: [False, True], inactive=_whole_step_compiled),
+    Knob("gpu_thread_mode", str, "global", "TF_GPU_THREAD_MODE: gpu_private gives the GPU its own kernel-launch threads",
+         choices=lambda ctx: ["global", "gpu_private"], unavailable=_no_gpu,
+         check=one_of("global", "gpu_private", "gpu_shared")),
+    Knob("map_parallelization", bool, True, "tf.data Options: run stateless sequential maps in parallel (default on)",
+         choices=lambda ctx: [True, False], inactive=_maps_parallel),
+    Knob("private_threadpool_size", int, 0, "tf.data Options: the pipeline's own thread pool (0 = the shared pool)",
+         choices=core_counts, value_unavailable=fits_cores("threads"), check=_non_negative,
+         inactive=_nothing_parallel),
 )
 
 

@@ -19,8 +19,14 @@ def test_probe_on_cpu_offers_no_cuda_knobs():
     from spaces import for_framework
 
     offer = for_framework("pytorch").offer({"hardware": hw, "workload": child.data["workload"]}, {}, {})
-    assert set(offer.unavailable) == {"pin_memory", "cudnn_benchmark", "cudnn_deterministic", "matmul_precision"}
+    assert set(offer.unavailable) == {"pin_memory", "cudnn_benchmark", "cudnn_deterministic", "matmul_precision",
+                                      "expandable_segments"}
+    assert "CUDA" in offer.unavailable["expandable_segments"]
     assert "fp16" not in offer.choices["amp"] and "channels_last" in offer.choices
+    # the probe stepped the workload's Adam with each implementation on this CPU (torch 2.13 has fused CPU Adam)
+    assert child.data["workload"]["optimizer"] == "Adam"
+    assert offer.choices["optimizer_impl"] == ["default", "foreach", "fused"]
+    assert offer.choices["dataloader_in_order"] == [True, False]
 
 
 @pytest.mark.skipif(ON_CUDA, reason="checks the CPU-only gating")

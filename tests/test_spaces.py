@@ -5,16 +5,18 @@ import random
 
 from spaces import for_framework
 
-CPU = {"hardware": {"device": "cpu", "cuda": False, "bf16": True, "usable_cores": 2},
-       "workload": {"batch_size": 64, "conv": False}}
-CUDA = {"hardware": {"device": "cuda", "cuda": True, "bf16": True, "tf32": True, "usable_cores": 16},
-        "workload": {"batch_size": 64, "conv": True}}
+ADAM = {"optimizer": "Adam", "optimizer_impls": ["default", "foreach", "fused"]}  # as the probe tried it
+CPU = {"hardware": {"device": "cpu", "cuda": False, "bf16": True, "usable_cores": 2, "loader_in_order": True},
+       "workload": {"batch_size": 64, "conv": False, **ADAM}}
+CUDA = {"hardware": {"device": "cuda", "cuda": True, "bf16": True, "tf32": True, "usable_cores": 16,
+                     "loader_in_order": True},
+        "workload": {"batch_size": 64, "conv": True, **ADAM}}
 SPACE = for_framework("pytorch")
 
 
 def test_cuda_only_knobs_are_not_offered_on_cpu_and_say_why():
     offer = SPACE.offer(CPU, {}, {})
-    for knob in ("pin_memory", "cudnn_benchmark", "cudnn_deterministic", "matmul_precision"):
+    for knob in ("pin_memory", "cudnn_benchmark", "cudnn_deterministic", "matmul_precision", "expandable_segments"):
         assert knob not in offer.choices and "CUDA" in offer.unavailable[knob]
     assert offer.choices["amp"] == ["off", "bf16"]
     assert "reduce-overhead" not in offer.choices["compile"]
@@ -72,8 +74,9 @@ def test_worker_knobs_are_only_suggested_with_workers():
 def test_baseline_is_the_framework_defaults_plus_overrides():
     offer = SPACE.offer(CPU, {}, {"batch_size": 128})
     params = SPACE.baseline_params(offer, CPU, {"batch_size": 128})
+    # (dataloader_in_order is not asked without workers; optimizer_impl's default is the optimizer as built)
     assert params == {"batch_size": 128, "accumulation_steps": 1, "num_workers": 0,
-                      "intra_op_threads": 0, "amp": "off", "compile": "off"}
+                      "intra_op_threads": 0, "amp": "off", "compile": "off", "optimizer_impl": "default"}
 
 
 def test_advice_follows_the_seeds_on_cuda():
@@ -129,14 +132,15 @@ def test_tensorflow_tf32_knob_follows_the_gpu_and_the_policy():
 
 def test_grid_and_random_params_respect_conditions():
     offer = SPACE.offer(CPU, {"batch_size": [64], "accumulation_steps": [1], "amp": ["off"],
-                              "compile": ["off"], "intra_op_threads": [0]}, {})
+                              "compile": ["off"], "intra_op_threads": [0], "optimizer_impl": ["default"]}, {})
     grid = list(SPACE.grid(offer))
-    # workers 0: 1 config; workers 1 or 2: 3 prefetch x 2 persistent each
-    assert len(grid) == 1 + 2 * 3 * 2
+    # workers 0: 1 config; workers 1 or 2: 3 prefetch x 2 persistent x 2 in_order each
+    assert len(grid) == 1 + 2 * 3 * 2 * 2
     rng = random.Random(0)
     for _ in range(50):
         params = SPACE.random_params(offer, rng)
         assert ("prefetch_factor" in params) == (params["num_workers"] > 0)
+        assert ("dataloader_in_order" in params) == (params["num_workers"] > 0)
 
 
 def test_the_workloads_own_batch_size_is_the_baseline_not_the_knob_default():
@@ -144,3 +148,69 @@ def test_the_workloads_own_batch_size_is_the_baseline_not_the_knob_default():
     offer = SPACE.offer(ctx, {"batch_size": [16, 32]}, {})
     assert offer.choices["batch_size"] == [16, 32]
     assert SPACE.baseline_params(offer, ctx, {})["batch_size"] == 32
+
+
+def test_optimizer_impl_offers_what_the_probe_saw_the_optimizer_step_with():
+    assert SPACE.offer(CPU, {}, {}).choices["optimizer_impl"] == ["default", "foreach", "fused"]
+    rmsprop = {**CPU, "workload": {**CPU["workload"], "optimizer": "RMSprop", "optimizer_impls": ["default", "foreach"]}}
+    offer = SPACE.offer(rmsprop, {"optimizer_impl": ["fused", "foreach"]}, {})
+    assert offer.choices["optimizer_impl"] == ["foreach", "default"]  # the baseline's value kept
+    assert any("RMSprop has no fused" in note for note in offer.dropped["optimizer_impl"])
+    lbfgs = {**CPU, "workload": {**CPU["workload"], "optimizer": "LBFGS", "optimizer_impls": ["default"]}}
+    assert "LBFGS has no foreach or fused" in SPACE.offer(lbfgs, {}, {}).unavailable["optimizer_impl"]
+    script = {**CPU, "workload": {**CPU["workload"], "optimizer": None, "optimizer_impls": ["default"]}}
+    assert "kt.prepare(model, optimizer)" in SPACE.offer(script, {}, {}).unavailable["optimizer_impl"]
+
+
+def test_dataloader_in_order_needs_torch_2_6_and_workers():
+    old_torch = {**CPU, "hardware": {**CPU["hardware"], "loader_in_order": False}}
+    assert "torch >= 2.6" in SPACE.offer(old_torch, {}, {}).unavailable["dataloader_in_order"]
+    offer = SPACE.offer(CPU, {"num_workers": [0]}, {})
+    trial = Recorder()
+    values = SPACE.suggest(trial, offer)
+    assert "dataloader_in_order" not in trial.asked
+    resolved = SPACE.resolve(values, offer, CPU)["dataloader_in_order"]
+    assert (resolved.value, resolved.applied) == (True, False) and "num_workers > 0" in resolved.why
+    assert SPACE.offer(CUDA, {}, {}).choices["expandable_segments"] == [False, True]
+
+
+TF_SPACE = for_framework("tensorflow")
+TF_CPU = {"hardware": {"gpu": False, "cuda": False, "bf16": True, "usable_cores": 2}, "workload": {"batch_size": 64}}
+TF_GPU = {"hardware": {"gpu": True, "cuda": True, "bf16": True, "tf32": True, "usable_cores": 8},
+          "workload": {"batch_size": 64}}
+
+
+def _tf_resolved(ctx, narrowing, baseline=None):
+    offer = TF_SPACE.offer(ctx, narrowing, baseline or {})
+    trial = Recorder()
+    return trial, TF_SPACE.resolve(TF_SPACE.suggest(trial, offer), offer, ctx, baseline)
+
+
+def test_tensorflow_gpu_thread_mode_is_offered_on_a_gpu_only():
+    assert "no GPU" in TF_SPACE.offer(TF_CPU, {}, {}).unavailable["gpu_thread_mode"]
+    assert TF_SPACE.offer(TF_GPU, {}, {}).choices["gpu_thread_mode"] == ["global", "gpu_private"]
+
+
+def test_tensorflow_auto_clustering_is_not_asked_when_jit_compile_compiles_the_whole_step():
+    trial, resolved = _tf_resolved(TF_CPU, {"jit_compile": [True]}, {"jit_compile": True})
+    assert "xla_auto_clustering" not in trial.asked
+    assert resolved["xla_auto_clustering"].applied is False and "jit_compile=True" in resolved["xla_auto_clustering"].why
+    trial, resolved = _tf_resolved(TF_CPU, {"jit_compile": [False]})
+    assert trial.asked["xla_auto_clustering"] == [False, True]
+
+
+def test_tensorflow_data_options_are_asked_only_where_they_change_something():
+    # parallel maps: nothing for map_parallelization to rewrite; the pool serves the parallel maps
+    trial, resolved = _tf_resolved(TF_CPU, {"map_parallel_calls": [2]})
+    assert "map_parallelization" not in trial.asked and "already runs" in resolved["map_parallelization"].why
+    assert trial.asked["private_threadpool_size"] == [0, 1, 2]
+    # everything sequential and map_parallelization off: no op runs on a pool
+    trial, resolved = _tf_resolved(TF_CPU, {"map_parallel_calls": [0], "interleave_parallel_calls": [0],
+                                            "prefetch": [0], "map_parallelization": [False]},
+                                   {"map_parallelization": False})
+    assert "private_threadpool_size" not in trial.asked
+    assert "no thread pool" in resolved["private_threadpool_size"].why
+    # sequential maps with map_parallelization (TensorFlow's default) run on the pool
+    trial, _ = _tf_resolved(TF_CPU, {"map_parallel_calls": [0], "interleave_parallel_calls": [0], "prefetch": [0],
+                                     "map_parallelization": [True]})
+    assert "private_threadpool_size" in trial.asked

@@ -28,6 +28,13 @@ def tiny(train: int = 320, val: int = 160, batch_size: int = 32, build_model=mlp
     )
 
 
+def rmsprop() -> Workload:
+    """The tiny digits MLP trained with RMSprop: a foreach implementation, no fused one."""
+    workload = tiny()
+    workload.build_optimizer = lambda params: torch.optim.RMSprop(params, lr=1e-3)
+    return workload
+
+
 class _Diverging(nn.Module):
     """Finite until a batch of ``bad_batch`` samples arrives (or after ``after`` calls): then inf."""
 

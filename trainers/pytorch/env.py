@@ -6,6 +6,7 @@ from typing import Any
 import torch
 
 from trainers.common import hostinfo
+from trainers.pytorch.knobs import loader_in_order
 
 
 def fingerprint() -> dict[str, Any]:
@@ -36,7 +37,8 @@ def fingerprint() -> dict[str, Any]:
 
 
 def hardware(cuda: bool | None = None) -> dict[str, Any]:
-    """What spaces.pytorch decides on: device, bf16/fp16 support, usable cores."""
+    """What spaces.pytorch decides on: device, bf16/fp16 support, usable cores, and what this
+    torch offers (the DataLoader's in_order)."""
     cuda = torch.cuda.is_available() if cuda is None else cuda
     if cuda:
         bf16 = bool(torch.cuda.is_bf16_supported(including_emulation=False))  # emulated bf16 is slow
@@ -53,4 +55,5 @@ def hardware(cuda: bool | None = None) -> dict[str, Any]:
         "tf32": tf32,
         "usable_cores": hostinfo.usable_cores(),
         "gpu_count": torch.cuda.device_count() if cuda else 0,
+        "loader_in_order": loader_in_order(),
     }

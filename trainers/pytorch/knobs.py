@@ -1,14 +1,16 @@
 """Applying PyTorch's knobs for real, once, whoever trains: the process settings (threads,
-cuDNN, matmul precision), the DataLoader's arguments, the model's preparation (device,
-channels_last, torch.compile), autocast and the fp16 optimizer; and checking which values this
-machine can apply."""
+cuDNN, matmul precision, the CUDA caching allocator), the DataLoader's arguments, the model's
+preparation (device, channels_last, torch.compile), autocast, the optimizer's implementation
+and the fp16 optimizer; and checking which values this machine can apply."""
 from __future__ import annotations
 
 import inspect
+import os
 from contextlib import nullcontext
 from typing import Any, ContextManager
 
 import torch
+from torch.utils.data import DataLoader
 
 from trainers.common import hostinfo
 from trainers.common.errors import InvalidKnobs
@@ -17,7 +19,12 @@ from trainers.pytorch import compiled
 AMP_DTYPES = {"bf16": torch.bfloat16, "fp16": torch.float16}
 COMPILE_MODES = ("off", "default", "reduce-overhead", "max-autotune")
 MATMUL_PRECISIONS = ("highest", "high", "medium")
-LOADER_KNOBS = ("batch_size", "num_workers", "prefetch_factor", "persistent_workers", "pin_memory")
+LOADER_KNOBS = ("batch_size", "num_workers", "prefetch_factor", "persistent_workers", "pin_memory",
+                "dataloader_in_order")
+# the DataLoader argument of a loader knob whose name is not the argument's
+LOADER_ARGUMENTS = {"dataloader_in_order": "in_order"}
+OPTIMIZER_IMPLS = ("default", "foreach", "fused")
+ALLOC_CONF = "PYTORCH_CUDA_ALLOC_CONF"
 # Optimizers with a fused CUDA implementation that takes GradScaler's scale and found_inf on the
 # device (``_step_supports_amp_scaling``): with them fp16 needs no host read per step.
 FUSABLE = (torch.optim.Adam, torch.optim.AdamW, torch.optim.SGD)
@@ -26,6 +33,7 @@ DEFAULTS: dict[str, Any] = {
     "accumulation_steps": 1, "num_workers": 0, "prefetch_factor": 2, "persistent_workers": False,
     "pin_memory": False, "intra_op_threads": 0, "amp": "off", "compile": "off", "channels_last": False,
     "cudnn_benchmark": False, "cudnn_deterministic": False, "matmul_precision": "highest",
+    "optimizer_impl": "default", "dataloader_in_order": True, "expandable_segments": False,
 }
 
 
@@ -62,7 +70,51 @@ def problems(knobs: dict[str, Any], device: torch.device) -> dict[str, str]:
         out["matmul_precision"] = f"matmul_precision={precision!r}: expected one of {', '.join(MATMUL_PRECISIONS)}"
     if knobs.get("pin_memory") and device.type != "cuda":
         out["pin_memory"] = "pin_memory=True needs CUDA; this process has no CUDA device"
+    if knobs.get("expandable_segments") and device.type != "cuda":
+        out["expandable_segments"] = ("expandable_segments=True is a setting of the CUDA caching allocator; this "
+                                      "process has no CUDA device")
+    impl = knobs.get("optimizer_impl", "default")
+    if impl not in OPTIMIZER_IMPLS:
+        out["optimizer_impl"] = f"optimizer_impl={impl!r}: expected one of {', '.join(OPTIMIZER_IMPLS)}"
+    if knobs.get("dataloader_in_order") is False and not loader_in_order():
+        out["dataloader_in_order"] = (f"dataloader_in_order=False needs torch >= 2.6 (DataLoader's in_order "
+                                      f"argument); this is torch {torch.__version__}")
     return out
+
+
+def loader_in_order() -> bool:
+    """Whether this torch's DataLoader takes ``in_order`` (torch 2.6 and newer)."""
+    return "in_order" in inspect.signature(DataLoader.__init__).parameters
+
+
+def apply_allocator(knobs: dict[str, Any], device: torch.device) -> None:
+    """``expandable_segments`` for the CUDA caching allocator, before any CUDA memory is allocated:
+    in the environment (where ``PYTORCH_CUDA_ALLOC_CONF`` is read: this process's allocator if
+    it has not read it yet, and processes it starts) and through torch's allocator settings (read
+    at every new segment)."""
+    if device.type != "cuda" or not knobs.get("expandable_segments"):
+        return
+    setting = "expandable_segments:True"
+    kept = [part for part in os.environ.get(ALLOC_CONF, "").split(",")
+            if part and not part.startswith("expandable_segments")]
+    os.environ[ALLOC_CONF] = ",".join([*kept, setting])
+    setter = getattr(torch._C, "_accelerator_setAllocatorSettings", None)  # torch >= 2.9
+    if setter is None:
+        setter = torch.cuda.memory._set_allocator_settings
+    setter(setting)
+
+
+def expandable_segments_used(device: torch.device) -> bool:
+    """Read back from the CUDA caching allocator: whether it made expandable segments (CUDA
+    graphs' private pools never are); without segments yet, its settings. False without CUDA."""
+    if device.type != "cuda" or not torch.cuda.is_initialized():
+        return False
+    segments = torch.cuda.memory_snapshot()
+    if segments:
+        return any(bool(s.get("is_expandable")) for s in segments)
+    getter = getattr(torch._C, "_accelerator_getAllocatorSettings", None)
+    settings = getter() if getter is not None else os.environ.get(ALLOC_CONF, "")
+    return "expandable_segments:true" in settings.replace(" ", "").lower()
 
 
 def apply_process(knobs: dict[str, Any], device: torch.device, only: set[str] | None = None) -> None:
@@ -98,6 +150,8 @@ def loader_arguments(knobs: dict[str, Any]) -> dict[str, Any]:
     if workers > 0:
         out["prefetch_factor"] = int(knobs.get("prefetch_factor") or 2)
         out["persistent_workers"] = bool(knobs.get("persistent_workers", False))
+        if knobs.get("dataloader_in_order") is False:  # (only then: torch's default needs no argument)
+            out["in_order"] = False
     return out
 
 
@@ -159,23 +213,92 @@ def autocast_name(context: Any) -> str:
     return {None: "off", torch.bfloat16: "bf16", torch.float16: "fp16"}[getattr(context, "fast_dtype", None)]
 
 
+def _params(optimizer: torch.optim.Optimizer) -> list[torch.Tensor]:
+    return [p for group in optimizer.param_groups for p in group["params"]]
+
+
+def _impl_flags(optimizer_class: type, impl: str) -> dict[str, Any]:
+    """The constructor flags that select ``impl`` (only those the class takes)."""
+    flags = {"foreach": impl == "foreach" or None, "fused": impl == "fused" or None}
+    accepted = inspect.signature(optimizer_class.__init__).parameters
+    return {k: v for k, v in flags.items() if k in accepted}
+
+
+def _options(optimizer: torch.optim.Optimizer) -> dict[str, Any]:
+    """The optimizer's defaults its constructor takes (defaults can hold keys it does not take:
+    AdamW's decoupled_weight_decay)."""
+    accepted = inspect.signature(type(optimizer).__init__).parameters
+    return {k: v for k, v in optimizer.defaults.items() if k in accepted}
+
+
+def _twin(optimizer: torch.optim.Optimizer, impl: str) -> torch.optim.Optimizer:
+    """The same optimizer class over the same param groups, options and state, with ``impl``."""
+    flags = _impl_flags(type(optimizer), impl)
+    groups = [{**group, **flags} for group in optimizer.param_groups]
+    twin = type(optimizer)(groups, **{**_options(optimizer), **flags})
+    twin.load_state_dict(optimizer.state_dict())  # momentum and the like, when training resumes
+    for group in twin.param_groups:  # load_state_dict brought back the saved groups' own flags
+        group.update(flags)
+    return twin
+
+
+def impl_problem(optimizer: torch.optim.Optimizer, impl: str, device: torch.device) -> str | None:
+    """Why ``optimizer`` cannot step with ``impl`` on ``device`` (None: it can), tried for real:
+    its class, options and parameter dtype, with ``impl``, step a small tensor on ``device``."""
+    if impl == "default":
+        return None
+    name = type(optimizer).__name__
+    if impl not in OPTIMIZER_IMPLS:
+        return f"optimizer_impl={impl!r}: expected one of {', '.join(OPTIMIZER_IMPLS)}"
+    if impl not in inspect.signature(type(optimizer).__init__).parameters:
+        return f"optimizer_impl={impl!r}: {name} has no {impl} implementation"
+    params = _params(optimizer)
+    dtype = params[0].dtype if params else torch.float32
+    probe = torch.zeros(2, dtype=dtype, device=device, requires_grad=True)
+    probe.grad = torch.zeros_like(probe)
+    try:
+        type(optimizer)([probe], **{**_options(optimizer), **_impl_flags(type(optimizer), impl)}).step()
+    except (RuntimeError, ValueError, TypeError) as exc:
+        return f"optimizer_impl={impl!r}: {name} cannot run it here ({str(exc).splitlines()[0]})"
+    return None
+
+
+def optimizer_impls(optimizer: torch.optim.Optimizer | None, device: torch.device) -> dict[str, Any]:
+    """The probe's description of an optimizer: its class and the implementations it can step
+    with on ``device`` (``default`` always)."""
+    if optimizer is None:
+        return {"optimizer": None, "optimizer_impls": ["default"]}
+    impls = [impl for impl in OPTIMIZER_IMPLS if impl_problem(optimizer, impl, device) is None]
+    return {"optimizer": type(optimizer).__name__, "optimizer_impls": impls}
+
+
+def with_impl(optimizer: torch.optim.Optimizer, impl: str) -> torch.optim.Optimizer:
+    """``optimizer`` rebuilt with ``foreach=True`` or ``fused=True`` (itself for ``default``)."""
+    return optimizer if impl == "default" else _twin(optimizer, impl)
+
+
+def impl_used(optimizer: torch.optim.Optimizer) -> str:
+    """Read back from the optimizer's param groups: ``fused``, ``foreach`` (asked for: torch's
+    own choice when unset is ``default``) or ``default``."""
+    groups = optimizer.param_groups
+    if groups and all(g.get("fused") for g in groups):
+        return "fused"
+    if groups and all(g.get("foreach") for g in groups):
+        return "foreach"
+    return "default"
+
+
 def fused(optimizer: torch.optim.Optimizer) -> torch.optim.Optimizer | None:
     """The same optimizer with ``fused=True``, or None when it has no fused CUDA implementation."""
     if type(optimizer) not in FUSABLE or optimizer.defaults.get("fused") or optimizer.defaults.get("differentiable"):
         return None
-    params = [p for group in optimizer.param_groups for p in group["params"]]
+    params = _params(optimizer)
     if not params or not all(p.is_cuda and p.is_floating_point() for p in params):
         return None
-    accepted = inspect.signature(type(optimizer).__init__).parameters
-    # defaults can hold keys the constructor does not take (AdamW's decoupled_weight_decay)
-    options = {k: v for k, v in optimizer.defaults.items() if k in accepted}
-    groups = [{**group, "fused": True, "foreach": None} for group in optimizer.param_groups]
     try:
-        twin = type(optimizer)(groups, **{**options, "fused": True, "foreach": None})
-        twin.load_state_dict(optimizer.state_dict())  # momentum and the like, when training resumes
+        return _twin(optimizer, "fused")
     except (RuntimeError, ValueError, TypeError, KeyError):
         return None
-    return twin
 
 
 def per_step_sync(scaler: torch.amp.GradScaler, optimizer: torch.optim.Optimizer | None) -> str | None:

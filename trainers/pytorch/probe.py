@@ -10,7 +10,7 @@ import torch
 from trainers.common import script
 from trainers.common.child import probe_handler
 from trainers.pytorch import env
-from trainers.pytorch.knobs import has_conv
+from trainers.pytorch.knobs import has_conv, optimizer_impls
 from trainers.pytorch.tuned import for_request
 from trainers.pytorch.workload import load
 
@@ -53,6 +53,7 @@ def describe_script(request: dict[str, Any]) -> dict[str, Any]:
         "batch_size": settings.get("batch_size") or seen.get("loader_batch_size"),
         "settings": settings,
         "calls": sorted(kt.used),
+        **optimizer_impls(kt.prepared[0] if kt.prepared else None, kt.device),
     }
 
 
@@ -71,7 +72,13 @@ def describe(request: dict[str, Any]) -> dict[str, Any]:
         "sample_shape": _shape(inputs) if inputs is not None else None,
         "conv": has_conv(model),
         "batch_size": workload.batch_size,
+        **optimizer_impls(workload.build_optimizer(model.parameters()), _device()),
     }
+
+
+def _device() -> torch.device:
+    """The device a trial trains on (initialises CUDA: the probe's child reports it anyway)."""
+    return torch.device("cuda" if torch.cuda.is_available() else "cpu")
 
 
 run = probe_handler(env.fingerprint, describe)

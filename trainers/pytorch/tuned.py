@@ -110,6 +110,8 @@ class Tuned(TunedBase):
     EXERCISED_BY = {
         "dataloader": (K.LOADER_KNOBS, "the script's DataLoader is not built by kt.dataloader(...)"),
         "prepare": (("compile", "channels_last"), "the script never calls kt.prepare(model)"),
+        "prepare_optimizer": (("optimizer_impl",), "the script never passes its optimizer to "
+                                                   "kt.prepare(model, optimizer)"),
         "autocast": (("amp",), "the script never enters kt.autocast()"),
     }
     START_HINT = "does it iterate kt.batches(...)?"
@@ -123,6 +125,8 @@ class Tuned(TunedBase):
         self.trial, self.config = trial, config
         self.device = device or torch.device("cuda" if torch.cuda.is_available() else "cpu")
         self.created = time.perf_counter()
+        if role in TRIAL_ROLES or "expandable_segments" in self.explicit:  # before CUDA allocates
+            K.apply_allocator(self.knobs, self.device)
         if role in TRIAL_ROLES:
             K.check(self.knobs, self.device)
         # a trial sets every knob; production the export's; without a config the script's own
@@ -136,6 +140,7 @@ class Tuned(TunedBase):
         self.made: dict[int, tuple[Any, dict[str, Any], bool, dict[str, Any]]] = {}
         self.models: list[tuple[torch.nn.Module, torch.nn.Module]] = []  # (model, module trained with)
         self.optimizers: list[torch.optim.Optimizer] = []
+        self.prepared: list[torch.optim.Optimizer] = []  # the optimizers kt.prepare returned
         self.fused_for_scaler = False
         self.mark_step = False
         self.replays: compiled.ReplayCounter | None = None
@@ -194,10 +199,9 @@ class Tuned(TunedBase):
         if not train:
             return DataLoader(dataset, shuffle=shuffle, **kwargs)
         self.used.add("dataloader")
-        arguments = {k: v for k, v in kwargs.items() if k not in ("num_workers", "prefetch_factor",
-                                                                      "persistent_workers", "pin_memory",
-                                                                      "batch_size")}
-        own = {k: kwargs[k] for k in K.LOADER_KNOBS if k in kwargs}
+        names = {K.LOADER_ARGUMENTS.get(k, k): k for k in K.LOADER_KNOBS}  # DataLoader argument -> knob
+        arguments = {k: v for k, v in kwargs.items() if k not in names}
+        own = {names[k]: v for k, v in kwargs.items() if k in names}
         settings = {**own, **{k: v for k, v in self.knobs.items() if k in self.explicit}}
         loader = self._build(dataset, arguments, settings, shuffle)
         self.made[id(loader)] = (dataset, arguments, shuffle, own)
@@ -207,8 +211,10 @@ class Tuned(TunedBase):
     def prepare(self, model: torch.nn.Module, optimizer: torch.optim.Optimizer | None = None) -> Any:
         """Move ``model`` to the device, apply channels_last and torch.compile; return the module
         to train with (``model`` is kept for evaluation: it shares the parameters). With
-        ``optimizer``, return ``(module, optimizer)``: under fp16 on CUDA the optimizer becomes
-        its fused twin, which takes GradScaler's state on the device (no sync per step)."""
+        ``optimizer``, return ``(module, optimizer)``: the optimizer rebuilt with the
+        ``optimizer_impl`` knob's foreach or fused implementation (same class, param groups,
+        options and state); with the default implementation under fp16 on CUDA, its fused twin,
+        which takes GradScaler's state on the device (no sync per step)."""
         self.used.add("prepare")
         trained = K.prepare_model(model, self.knobs, self.device)
         self.models.append((model, trained))
@@ -218,16 +224,37 @@ class Tuned(TunedBase):
                 self.replays = compiled.ReplayCounter()
         if optimizer is None:
             return trained
+        self.used.add("prepare_optimizer")
+        optimizer = self._optimizer(optimizer)
+        self.prepared.append(optimizer)
+        return trained, optimizer
+
+    def _optimizer(self, optimizer: torch.optim.Optimizer) -> torch.optim.Optimizer:
+        """``optimizer`` with the knobs' implementation (or, by default under fp16 on CUDA, fused
+        for GradScaler); itself when a learning-rate scheduler already holds it."""
+        impl = self.knobs["optimizer_impl"]
+        wanted = impl != "default" and K.impl_used(optimizer) != impl
         scheduled = getattr(optimizer.step, "_wrapped_by_lr_sched", False)  # a scheduler holds this object
-        if scheduled and self.scaler.is_enabled():
-            log.warning("kt.prepare(model, optimizer): a learning-rate scheduler already drives this optimizer, so "
-                        "it is not swapped for its fused twin (fp16 then syncs every step): call kt.prepare "
-                        "before creating the scheduler")
-        if self.scaler.is_enabled() and not scheduled and not getattr(optimizer, "_step_supports_amp_scaling", False):
+        if scheduled and (wanted or self.scaler.is_enabled()):
+            log.warning(f"kt.prepare(model, optimizer): a learning-rate scheduler already drives this optimizer, so "
+                        f"it is not rebuilt (optimizer_impl={impl!r}, fp16's fused twin): call kt.prepare before "
+                        f"creating the scheduler")
+            return optimizer
+        if wanted:
+            problem = K.impl_problem(optimizer, impl, self.device)
+            if problem is None:
+                return K.with_impl(optimizer, impl)
+            if self.role in TRIAL_ROLES:
+                raise InvalidKnobs(problem)
+            log.warning(f"{problem}; running with its default implementation instead")
+            return optimizer
+        if impl == "default" and self.scaler.is_enabled() and not getattr(optimizer, "_step_supports_amp_scaling",
+                                                                           False):
             twin = K.fused(optimizer)
             if twin is not None:
-                optimizer, self.fused_for_scaler = twin, True
-        return trained, optimizer
+                self.fused_for_scaler = True
+                return twin
+        return optimizer
 
     def autocast(self) -> ContextManager[Any]:
         """The forward pass's mixed-precision context (a no-op with amp off)."""
@@ -574,9 +601,14 @@ class Tuned(TunedBase):
             "cudnn_benchmark": torch.backends.cudnn.benchmark,
             "cudnn_deterministic": torch.backends.cudnn.deterministic,
             "matmul_precision": torch.get_float32_matmul_precision(),
+            "expandable_segments": K.expandable_segments_used(self.device),
         }
+        optimizer = self.optimizers[0] if self.optimizers else (self.prepared[-1] if self.prepared else None)
+        if optimizer is not None:
+            out["optimizer_impl"] = K.impl_used(optimizer)
         if isinstance(loader, DataLoader):
             out.update({k: v for k, v in K.loader_report(loader).items() if k in K.LOADER_KNOBS})
+            out["dataloader_in_order"] = bool(getattr(loader, "in_order", True))
         for name in self.not_exercised():
             out.pop(name, None)
         return out
@@ -610,6 +642,8 @@ class Tuned(TunedBase):
                 if self.knobs["amp"] != "off" and "autocast" in self.used else None,
                 "grad_scaler": self.scaler.is_enabled(),
                 "fused_optimizer_for_grad_scaler": self.fused_for_scaler,
+                "optimizer": type(optimizer).__name__ if optimizer is not None else None,
+                "optimizer_impl": K.impl_used(optimizer) if optimizer is not None else None,
                 "per_step_sync": K.per_step_sync(self.scaler, optimizer),
                 "compile_mode": self.knobs["compile"],
                 "compiled": any(m is not t for m, t in self.models),

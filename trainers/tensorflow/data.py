@@ -131,13 +131,34 @@ def _calls(value: Any) -> int | None:
     return int(value) if value else None
 
 
+def pipeline_options(knobs: dict[str, Any]) -> tf.data.Options | None:
+    """The tf.data Options the knobs change from TensorFlow's defaults (None: none):
+    ``map_parallelization`` (on by default) and ``private_threadpool_size`` (0: the shared pool)."""
+    options, changed = tf.data.Options(), False
+    if not knobs.get("map_parallelization", True):
+        options.experimental_optimization.map_parallelization, changed = False, True
+    threads = int(knobs.get("private_threadpool_size") or 0)
+    if threads:
+        options.threading.private_threadpool_size, changed = threads, True
+    return options if changed else None
+
+
+def options_knobs(ds: tf.data.Dataset) -> dict[str, Any]:
+    """The Options knobs read back from the pipeline's merged ``options()`` (unset: TensorFlow's default)."""
+    options = ds.options()
+    parallelize = options.experimental_optimization.map_parallelization
+    return {"map_parallelization": True if parallelize is None else bool(parallelize),
+            "private_threadpool_size": int(options.threading.private_threadpool_size or 0)}
+
+
 def build_pipeline(files: Sequence[str], parse_fn: Callable, augment_fn: Callable | None, knobs: dict[str, Any],
                    shuffle_buffer: int, seed: int | None, repeat: bool = True,
                    drop_remainder: bool = True) -> tf.data.Dataset:
-    """list_files -> interleave(TFRecordDataset) -> map(parse/decode) -> [cache] -> map(augment)
-    -> [shuffle] -> [repeat] -> batch -> [prefetch], every knob applied. A trial's burst repeats
-    the data and drops the last partial batch (every step the same shape); production runs
-    epochs of the data as a script's own pipeline would. ``shuffle_buffer`` 0: no shuffle."""
+    """list_files [with_options] -> interleave(TFRecordDataset) -> map(parse/decode) -> [cache] ->
+    map(augment) -> [shuffle] -> [repeat] -> batch -> [prefetch], every knob applied (Options,
+    set at the source, hold for the whole pipeline). A trial's burst repeats the data and drops
+    the last partial batch (every step the same shape); production runs epochs of the data as a
+    script's own pipeline would. ``shuffle_buffer`` 0: no shuffle."""
     deterministic = bool(knobs["deterministic"])
 
     def parallel(calls: int | None) -> dict[str, Any]:
@@ -145,6 +166,9 @@ def build_pipeline(files: Sequence[str], parse_fn: Callable, augment_fn: Callabl
         return {"num_parallel_calls": calls, "deterministic": deterministic} if calls else {}
 
     ds = tf.data.Dataset.from_tensor_slices(list(files))  # the file names, in order
+    options = pipeline_options(knobs)
+    if options is not None:
+        ds = ds.with_options(options)
     cycle = tf.data.AUTOTUNE if knobs["cycle_length"] == AUTOTUNE else int(knobs["cycle_length"])
     ds = ds.interleave(tf.data.TFRecordDataset, cycle_length=cycle, block_length=1,
                        **parallel(_calls(knobs["interleave_parallel_calls"])))

@@ -37,8 +37,8 @@ from trainers.common.script import ScriptDone
 from trainers.common.tuned import TRIAL_ROLES, Trial, TunedBase, export_knobs
 from trainers.tensorflow import env
 from trainers.tensorflow import knobs as K
-from trainers.tensorflow.data import (AUTOTUNE, build_pipeline, count_records, describe_pipeline, pipeline_knobs,
-                                      read_ahead)
+from trainers.tensorflow.data import (AUTOTUNE, build_pipeline, count_records, describe_pipeline, options_knobs,
+                                      pipeline_knobs, read_ahead)
 from trainers.tensorflow.loops import CustomStep, FirstNonFinite, FitTimer, WatchdogCallback, with_guard
 
 LOOP_WHY = ("the script trains through kt.fit (Keras model.fit); loop='custom' is knobtune's own @tf.function "
@@ -99,12 +99,16 @@ class Tuned(TunedBase):
         self.knobs = {**K.DEFAULTS, "batch_size": None, **knobs}
         self.explicit = set(knobs) if explicit is None else explicit
         self.trial, self.config = trial, config
+        late_flags = K.apply_xla_flags(self.knobs, self.explicit)  # before env.hardware() lists the devices
         self.hardware = env.hardware()
         self.gpu = bool(self.hardware["gpu"])
         self.created = time.perf_counter()
         if role in TRIAL_ROLES:
             K.check(self.knobs, self.hardware)
-        for name, why in K.apply_process(self.knobs, self.explicit, self.gpu).items():
+        unapplied = K.apply_process(self.knobs, self.explicit, self.gpu)
+        if late_flags and not self.gpu:
+            unapplied["xla_auto_clustering"] = late_flags
+        for name, why in unapplied.items():
             if role in TRIAL_ROLES:
                 raise InvalidKnobs(why)
             log.warning(why)
@@ -450,7 +454,7 @@ class Tuned(TunedBase):
         if data is None and self.made:
             data = self.made[-1].dataset
         if data is not None:
-            out.update(pipeline_knobs(describe_pipeline(data)))
+            out.update(pipeline_knobs(describe_pipeline(data)), **options_knobs(data))
         model = self.fit_model or (list(self.compiled.values())[-1].model if self.compiled else None)
         if model is not None and getattr(model, "compiled", False):
             out.update(accumulation_steps=K.accumulation(model.optimizer), jit_compile=bool(model.jit_compile),
@@ -461,6 +465,8 @@ class Tuned(TunedBase):
         threads = tf.config.threading.get_intra_op_parallelism_threads()
         out["intra_op_threads"] = self.knobs["intra_op_threads"] and threads
         out["tf32"] = self.gpu and bool(tf.config.experimental.tensor_float_32_execution_enabled())  # none on a CPU
+        out["xla_auto_clustering"] = K.auto_clustering_used(self.gpu)
+        out["gpu_thread_mode"] = K.thread_mode_used(self.gpu)
         for name in self.not_exercised():
             out.pop(name, None)
         return out
@@ -496,6 +502,8 @@ class Tuned(TunedBase):
                 "intra_op_threads": tf.config.threading.get_intra_op_parallelism_threads(),
                 "learning_rate": K.learning_rate(optimizer),
                 "tf32": effective["tf32"],
+                "xla_auto_clustering": effective["xla_auto_clustering"],
+                "gpu_thread_mode": effective["gpu_thread_mode"],
                 "shuffle_buffer": made.shuffle_buffer if made is not None else None,
                 "read_ahead_batches": read_ahead({**pipeline_knobs(pipeline), "batch_size": schedule.batch_size}),
                 "eval_batch_size": trial.metrics.get("eval_batch_size"),
