@@ -57,6 +57,7 @@ benchmark: install
 	$(PY) benchmarks/api_overhead.py
 	$(PY) benchmarks/own_loop.py
 	$(PY) benchmarks/parallel_jobs.py
+	$(PY) benchmarks/warm_start.py
 
 dashboard: install
 	$(VENV)/bin/knobtune dashboard
