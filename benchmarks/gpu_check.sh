@@ -3,7 +3,8 @@
 # fp16 skips counted, CUDA graphs replayed, CUDA graphs x accumulation refused, TF32 reaching the
 # device), one burst per CUDA-graph mode with accumulation_steps = 2 (must be "invalid"), then a
 # short digits-cnn study with the CUDA knobs on (fp16 + GradScaler, bf16, cuDNN flags, pin_memory,
-# channels_last, compile with CUDA graphs, accumulation, TF32), then the winner exported, the own-loop
+# channels_last, compile with CUDA graphs, accumulation, TF32, optimizer_impl, dataloader_in_order,
+# expandable_segments), then the winner exported, the own-loop
 # script in production, and a 2-trial --jobs auto run (one GPU per trial, read back). Prints
 # what it measured. Budget: under 8 minutes.
 #
@@ -56,7 +57,8 @@ for t in study.trials:
         continue
     knobs = {k: v["value"] for k, v in a["knobs"].items() if v["applied"] and k in (
         "batch_size", "accumulation_steps", "num_workers", "pin_memory", "amp", "compile", "channels_last",
-        "cudnn_benchmark", "cudnn_deterministic", "matmul_precision")}
+        "cudnn_benchmark", "cudnn_deterministic", "matmul_precision", "optimizer_impl", "dataloader_in_order",
+        "expandable_segments")}
     print(f"{t.number:>3} {a['outcome']:<8} {a.get('samples_per_second', 0):>10,.0f} {a.get('val_accuracy', 0):>6.3f} "
           f"{a.get('warmup_seconds', 0):>8.1f} {a.get('settle_samples', 0):>6} {a.get('amp_skipped_steps', 0):>5} "
           f"{'yes' if (a.get('applied') or {}).get('per_step_sync') else 'no':>4}  {knobs}"

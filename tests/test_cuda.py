@@ -135,3 +135,31 @@ def test_forked_children_each_set_up_cuda_and_cudnn_their_own_way():
         apps = subprocess.run(["nvidia-smi", "--query-compute-apps=pid", "--format=csv,noheader"],
                               capture_output=True, text=True).stdout.split()
         assert not servers & {int(p) for p in apps if p.isdigit()}
+
+
+def test_expandable_segments_reach_the_cuda_caching_allocator():
+    # read back from the allocator's own segments (torch.cuda.memory_snapshot: is_expandable)
+    plain, expandable = burst(), burst(expandable_segments=True)
+    assert plain.outcome == expandable.outcome == "ok", (plain.failure, expandable.failure)
+    assert plain.data["knobs_effective"]["expandable_segments"] is False
+    assert expandable.data["knobs_effective"]["expandable_segments"] is True
+
+
+def test_optimizer_impl_fused_and_foreach_on_cuda():
+    for impl in ("fused", "foreach"):
+        child = burst(optimizer_impl=impl)
+        assert child.outcome == "ok", child.failure
+        assert child.data["knobs_effective"]["optimizer_impl"] == impl and child.data["applied"]["optimizer"] == "Adam"
+    # fp16 keeps the fused twin for GradScaler by default: no host read per step
+    child = strict_burst(amp="fp16", pin_memory=True, num_workers=2, persistent_workers=True, optimizer_impl="fused")
+    assert child.outcome == "ok", child.failure
+    assert child.data["applied"]["per_step_sync"] is None and child.data["knobs_effective"]["optimizer_impl"] == "fused"
+
+
+def test_probe_offers_the_new_cuda_knobs():
+    child = run_child("pytorch", "probe", {"workload": "digits-cnn"}, 120)
+    ctx = {"hardware": child.data["fingerprint"]["hardware"], "workload": child.data["workload"]}
+    offer = for_framework("pytorch").offer(ctx, {}, {})
+    assert offer.choices["expandable_segments"] == [False, True]
+    assert offer.choices["optimizer_impl"] == ["default", "foreach", "fused"]
+    assert offer.choices["dataloader_in_order"] == [True, False]

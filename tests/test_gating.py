@@ -38,3 +38,19 @@ def test_cuda_only_values_are_refused_by_the_child_on_cpu():
     child = run_child("pytorch", "burst", {"workload": "kt_test_workloads:tiny", "knobs": knobs,
                                            "burst": {"train_samples": 640, "warmup_samples": 64, "windows": 3}}, 120)
     assert child.outcome == "invalid" and "needs CUDA" in child.failure
+
+
+@pytest.mark.tensorflow
+@pytest.mark.skipif(ON_CUDA, reason="checks the CPU-only gating")
+def test_tensorflow_probe_on_cpu_gates_the_gpu_thread_mode_off_and_says_why():
+    child = run_child("tensorflow", "probe", {"workload": "digits-mlp"}, 180)
+    assert child.outcome != "crash", child.failure
+    hw = child.data["fingerprint"]["hardware"]
+    from spaces import for_framework
+
+    offer = for_framework("tensorflow").offer({"hardware": hw, "workload": child.data["workload"]}, {}, {})
+    assert hw["gpu"] is False and "no GPU" in offer.unavailable["gpu_thread_mode"]
+    assert "no GPU" in offer.unavailable["tf32"] and "gpu_thread_mode" not in offer.choices
+    # the CPU can use the others: auto-clustering (with jit_compile off, the CPU's default) and the tf.data options
+    assert offer.choices["xla_auto_clustering"] == [False, True]
+    assert offer.choices["map_parallelization"] == [True, False] and 0 in offer.choices["private_threadpool_size"]
