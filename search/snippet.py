@@ -56,6 +56,9 @@ def _learning_rate(doc: dict[str, Any], setter: str) -> list[str]:
 def pytorch(knobs: dict[str, Any], doc: dict[str, Any]) -> str:
     on = lambda name: _applied(knobs, doc, name)  # noqa: E731
     out = ["import torch", "from torch.utils.data import DataLoader", ""]
+    if on("expandable_segments") and knobs["expandable_segments"]:
+        out[:0] = ["import os", "os.environ['PYTORCH_CUDA_ALLOC_CONF'] = 'expandable_segments:True'  # before torch "
+                   "allocates CUDA memory"]
     if on("intra_op_threads") and knobs["intra_op_threads"]:
         out.append(f"torch.set_num_threads({int(knobs['intra_op_threads'])})")
     if on("cudnn_benchmark"):
@@ -72,6 +75,8 @@ def pytorch(knobs: dict[str, Any], doc: dict[str, Any]) -> str:
             args.append(f"prefetch_factor={int(knobs['prefetch_factor'])}")
         if on("persistent_workers"):
             args.append(f"persistent_workers={bool(knobs['persistent_workers'])}")
+        if on("dataloader_in_order") and knobs["dataloader_in_order"] is False:
+            args.append("in_order=False")
     pinned = on("pin_memory") and bool(knobs["pin_memory"])
     if pinned:
         args.append("pin_memory=True")
@@ -85,6 +90,10 @@ def pytorch(knobs: dict[str, Any], doc: dict[str, Any]) -> str:
         mode = "" if compile_mode == "default" else f", mode={compile_mode!r}"
         out.append(f"trained = torch.compile(model{mode})  # evaluate with `model`: it shares the weights")
     out.append("")
+    impl = knobs.get("optimizer_impl", "default") if on("optimizer_impl") else "default"
+    if impl != "default":
+        out += [f"# measured with the optimizer built with {impl}=True, e.g. torch.optim.Adam(model.parameters(), "
+                f"lr=..., {impl}=True)", ""]
     out += _learning_rate(doc, "for group in optimizer.param_groups:\n    group['lr'] = {lr}")
     amp = knobs.get("amp", "off") if on("amp") else "off"
     k = int(knobs.get("accumulation_steps") or 1) if on("accumulation_steps") else 1
@@ -121,9 +130,28 @@ def _calls(value: Any) -> str:
     return "tf.data.AUTOTUNE" if value == AUTOTUNE else str(int(value))
 
 
+def _options(knobs: dict[str, Any], on: Any) -> list[str]:
+    """The tf.data Options lines (none at TensorFlow's defaults)."""
+    lines = []
+    if on("map_parallelization") and knobs["map_parallelization"] is False:
+        lines.append("options.experimental_optimization.map_parallelization = False")
+    if on("private_threadpool_size") and knobs["private_threadpool_size"]:
+        lines.append(f"options.threading.private_threadpool_size = {int(knobs['private_threadpool_size'])}")
+    return ["options = tf.data.Options()", *lines, "ds = ds.with_options(options)"] if lines else []
+
+
 def tensorflow(knobs: dict[str, Any], doc: dict[str, Any]) -> str:
     on = lambda name: _applied(knobs, doc, name)  # noqa: E731
     out = ["import keras", "import tensorflow as tf", ""]
+    early = []  # environment TensorFlow reads when it starts: before any TensorFlow operation
+    if on("gpu_thread_mode") and knobs["gpu_thread_mode"] != "global":
+        early.append(f"os.environ['TF_GPU_THREAD_MODE'] = {knobs['gpu_thread_mode']!r}")
+    if on("xla_auto_clustering") and knobs["xla_auto_clustering"]:
+        early.append("os.environ['TF_XLA_FLAGS'] = os.environ.get('TF_XLA_FLAGS', '') + ' --tf_xla_cpu_global_jit'"
+                     "  # CPU ops too")
+        out.append("tf.config.optimizer.set_jit(True)  # XLA auto-clustering")
+    if early:
+        out[:0] = ["import os", *early]
     if on("intra_op_threads") and knobs["intra_op_threads"]:
         out.append(f"tf.config.threading.set_intra_op_parallelism_threads({int(knobs['intra_op_threads'])})")
     if on("tf32"):
@@ -140,7 +168,7 @@ def tensorflow(knobs: dict[str, Any], doc: dict[str, Any]) -> str:
         return f", num_parallel_calls={_calls(value)}" + ("" if deterministic else ", deterministic=False")
 
     cycle = knobs.get("cycle_length", 1) if on("cycle_length") else 1
-    out += ["", "ds = tf.data.Dataset.from_tensor_slices(files)",
+    out += ["", "ds = tf.data.Dataset.from_tensor_slices(files)", *_options(knobs, on),
             f"ds = ds.interleave(tf.data.TFRecordDataset, cycle_length={_calls(cycle)}, block_length=1"
             f"{parallel('interleave_parallel_calls')})",
             f"ds = ds.map(parse_fn{parallel('map_parallel_calls')})"]

@@ -76,3 +76,20 @@ def test_tensorflow_snippet_is_valid_python_with_the_knobs():
 def test_unknown_framework_is_refused():
     with pytest.raises(ValueError, match="expected 'pytorch' or 'tensorflow'"):
         snippet({"framework": "jax", "knobs": {}})
+
+
+def test_snippets_carry_the_new_knobs(tmp_path: Path):
+    text = snippet(doc("pytorch", batch_size=32, num_workers=1, dataloader_in_order=False, optimizer_impl="fused",
+                       expandable_segments=True))
+    assert "num_workers=1, in_order=False" in text and "fused=True" in text
+    assert text.index("expandable_segments:True") < text.index("import torch")
+    assert run_snippet(tmp_path, text).startswith("trained")
+    text = snippet(doc("tensorflow", batch_size=64, xla_auto_clustering=True, gpu_thread_mode="gpu_private",
+                       map_parallelization=False, private_threadpool_size=2))
+    compile(text, "snippet.py", "exec")
+    assert text.index("TF_GPU_THREAD_MODE") < text.index("import tensorflow") < text.index("set_jit(True)")
+    assert "map_parallelization = False" in text and "private_threadpool_size = 2" in text
+    assert text.index("with_options") < text.index("interleave")
+    defaults = snippet(doc("tensorflow", batch_size=64, xla_auto_clustering=False, gpu_thread_mode="global",
+                           map_parallelization=True, private_threadpool_size=0))
+    assert "with_options" not in defaults and "set_jit" not in defaults and "import os" not in defaults
