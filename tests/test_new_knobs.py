@@ -21,7 +21,8 @@ BURST = {"train_samples": 640, "warmup_samples": 64, "windows": 3, "seed": 0}
 NEW = {"pytorch": ("optimizer_impl", "dataloader_in_order", "expandable_segments"),
        "tensorflow": ("xla_auto_clustering", "gpu_thread_mode", "map_parallelization", "private_threadpool_size")}
 # what this machine's probe reports beside the recorded studies' hardware (their fingerprints predate it)
-NOW = {"pytorch": ({"loader_in_order": True}, {"optimizer": "Adam", "optimizer_impls": ["default", "foreach", "fused"]}),
+NOW = {"pytorch": ({"loader_in_order": True},
+                   {"optimizer": "Adam", "optimizer_impls": ["default", "foreach", "fused"]}),
        "tensorflow": ({}, {})}
 
 

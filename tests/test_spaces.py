@@ -152,7 +152,8 @@ def test_the_workloads_own_batch_size_is_the_baseline_not_the_knob_default():
 
 def test_optimizer_impl_offers_what_the_probe_saw_the_optimizer_step_with():
     assert SPACE.offer(CPU, {}, {}).choices["optimizer_impl"] == ["default", "foreach", "fused"]
-    rmsprop = {**CPU, "workload": {**CPU["workload"], "optimizer": "RMSprop", "optimizer_impls": ["default", "foreach"]}}
+    rmsprop = {**CPU, "workload": {**CPU["workload"], "optimizer": "RMSprop",
+                                   "optimizer_impls": ["default", "foreach"]}}
     offer = SPACE.offer(rmsprop, {"optimizer_impl": ["fused", "foreach"]}, {})
     assert offer.choices["optimizer_impl"] == ["foreach", "default"]  # the baseline's value kept
     assert any("RMSprop has no fused" in note for note in offer.dropped["optimizer_impl"])
@@ -194,7 +195,8 @@ def test_tensorflow_gpu_thread_mode_is_offered_on_a_gpu_only():
 def test_tensorflow_auto_clustering_is_not_asked_when_jit_compile_compiles_the_whole_step():
     trial, resolved = _tf_resolved(TF_CPU, {"jit_compile": [True]}, {"jit_compile": True})
     assert "xla_auto_clustering" not in trial.asked
-    assert resolved["xla_auto_clustering"].applied is False and "jit_compile=True" in resolved["xla_auto_clustering"].why
+    auto = resolved["xla_auto_clustering"]
+    assert auto.applied is False and "jit_compile=True" in auto.why
     trial, resolved = _tf_resolved(TF_CPU, {"jit_compile": [False]})
     assert trial.asked["xla_auto_clustering"] == [False, True]
 
