@@ -81,7 +81,7 @@ def test_wrong_types_and_impossible_ranges(body: str, expected: str):
 def test_unknown_framework_and_workload_list_the_builtins():
     assert "expected one of pytorch, tensorflow" in error('[study]\nframework = "jax"\nworkload = "x"\n')
     msg = error('[study]\nframework = "pytorch"\nworkload = "digits"\n')
-    assert "digits-cnn, digits-mlp, mnist-mlp" in msg and "package.module:factory" in msg
+    assert "charlm, digits-cnn, digits-mlp, digits-resnet, mnist-mlp" in msg and "package.module:factory" in msg
 
 
 def test_builtin_names_match_the_trainer_registry():

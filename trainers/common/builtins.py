@@ -3,8 +3,8 @@ study file without importing a framework). tests/ check these against each train
 from __future__ import annotations
 
 BUILTIN_WORKLOADS: dict[str, tuple[str, ...]] = {
-    "pytorch": ("digits-cnn", "digits-mlp", "mnist-mlp"),
-    "tensorflow": ("digits-cnn", "digits-mlp", "mnist-mlp"),
+    "pytorch": ("charlm", "digits-cnn", "digits-mlp", "digits-resnet", "mnist-mlp"),
+    "tensorflow": ("charlm", "digits-cnn", "digits-mlp", "digits-resnet", "mnist-mlp"),
 }
 
 # The Python module each framework's trainer needs (checked with importlib.util.find_spec).

@@ -62,3 +62,17 @@ def call_factory(factory: Callable[..., Any], label: str, options: dict[str, Any
     if getattr(workload, "name", None) == "custom":
         workload.name = label
     return workload
+
+
+def require_ints(workload: str, least: int = 1, **options: Any) -> None:
+    """A WorkloadError naming the first of ``options`` that is not an integer >= ``least``."""
+    for name, value in options.items():
+        if not isinstance(value, int) or isinstance(value, bool) or value < least:
+            raise WorkloadError(f"{workload} option {name} = {value!r}: expected an integer >= {least}")
+
+
+def check_charlm(context: int, depth: int, width: int, heads: int) -> None:
+    """charlm's model options, checked before either framework builds the model."""
+    require_ints("charlm", 1, depth=depth, width=width, heads=heads, context=context)
+    if width % heads:
+        raise WorkloadError(f"charlm options width = {width}, heads = {heads}: expected a width divisible by heads")

@@ -1,11 +1,14 @@
-"""The built-in PyTorch workloads: digits-mlp, digits-cnn, mnist-mlp."""
+"""The built-in PyTorch workloads: digits-mlp, digits-cnn, digits-resnet, mnist-mlp, charlm."""
 from __future__ import annotations
 
+from functools import partial
 from typing import Callable
 
-from trainers.common import digits, idx
+from trainers.common import digits, idx, text
+from trainers.common.factory import check_charlm, require_ints
 from trainers.pytorch import models
 from trainers.pytorch.data import ArrayImages, PngDigits
+from trainers.pytorch.text import TokenWindows, token_cross_entropy
 from trainers.pytorch.workload import Workload
 
 
@@ -29,6 +32,13 @@ def digits_cnn() -> Workload:
     return _digits("digits-cnn", models.cnn)
 
 
+def digits_resnet(width: int = 16, blocks: int = 1) -> Workload:
+    """A small residual CNN with BatchNorm on the same digits at 32x32 (``width`` channels in the
+    first stage, ``blocks`` residual blocks per stage)."""
+    require_ints("digits-resnet", 1, width=width, blocks=blocks)
+    return _digits("digits-resnet", partial(models.resnet, width, blocks))
+
+
 def mnist_mlp(data_dir: str, limit: int | None = None) -> Workload:
     """The MLP on real MNIST idx files in ``data_dir`` (train-* for training, t10k-* held out)."""
     train_x, train_y, test_x, test_y = idx.load_train_test(data_dir, limit)
@@ -40,8 +50,27 @@ def mnist_mlp(data_dir: str, limit: int | None = None) -> Workload:
     )
 
 
+def charlm(context: int = 64, depth: int = 2, width: int = 64, heads: int = 4, train_chars: int = 1_000_000,
+           eval_windows: int = 256, batch_size: int = 32) -> Workload:
+    """A GPT-style character LM on the standard library's source (trainers.common.text): one sample
+    is a window of ``context`` characters; the metric is next-character accuracy over the held-out
+    files' windows."""
+    check_charlm(context, depth, width, heads)
+    corpus = text.prepare(context, train_chars, eval_windows)
+    return Workload(
+        name="charlm",
+        build_model=partial(models.charlm, text.VOCAB, context, depth, width, heads),
+        train_dataset=TokenWindows(corpus.train),
+        eval_dataset=TokenWindows(corpus.val),
+        loss_fn=token_cross_entropy,
+        batch_size=batch_size,
+    )
+
+
 WORKLOADS: dict[str, Callable[..., Workload]] = {
     "digits-mlp": digits_mlp,
     "digits-cnn": digits_cnn,
+    "digits-resnet": digits_resnet,
     "mnist-mlp": mnist_mlp,
+    "charlm": charlm,
 }

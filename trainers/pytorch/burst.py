@@ -28,8 +28,8 @@ def pair(batch: Any, name: str) -> tuple[Any, Any]:
 @torch.no_grad()
 def evaluate(workload: Workload, model: torch.nn.Module, device: torch.device, batch_size: int) -> float:
     """Score the held-out split with the trained weights: eager, fp32, no augmentation, in
-    batches of ``batch_size``. The default metric (top-1) is counted on the device; a custom
-    metric gets all outputs, gathered on the host."""
+    batches of ``batch_size``. The default metric (top-1 over the last axis, per element) is
+    counted on the device; a custom metric gets all outputs, gathered on the host."""
     model.eval()
     loader = DataLoader(workload.eval_dataset, batch_size=batch_size, shuffle=False, collate_fn=workload.collate_fn)
     streaming = workload.metric is accuracy
@@ -40,8 +40,8 @@ def evaluate(workload: Workload, model: torch.nn.Module, device: torch.device, b
         inputs, target = pair(batch, workload.name)
         out = model(to_device(inputs, device, False))
         if streaming:
-            correct += (out.argmax(dim=1) == to_device(target, device, False)).sum()
-            seen += len(target)
+            correct += (out.argmax(dim=-1) == to_device(target, device, False)).sum()
+            seen += target.numel()
         else:
             outputs.append(out.float().cpu())
             targets.append(target)

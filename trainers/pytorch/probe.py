@@ -45,7 +45,7 @@ def describe_script(request: dict[str, Any]) -> dict[str, Any]:
             sample = None
     return {
         "name": Path(request["script"]).name,
-        "parameters": sum(p.numel() for m in models for p in m.parameters()),
+        "parameters": sum(p.numel() for m in models for p in m.parameters() if p.requires_grad),
         "train_samples": _sized(dataset) if dataset is not None else None,
         "eval_samples": None,
         "sample_shape": _shape(sample) if sample is not None else None,
@@ -66,7 +66,7 @@ def describe(request: dict[str, Any]) -> dict[str, Any]:
     inputs = sample[0] if isinstance(sample, (list, tuple)) else sample
     return {
         "name": workload.name,
-        "parameters": sum(p.numel() for p in model.parameters()),
+        "parameters": sum(p.numel() for p in model.parameters() if p.requires_grad),
         "train_samples": _sized(workload.train_dataset),
         "eval_samples": _sized(workload.eval_dataset),
         "sample_shape": _shape(inputs) if inputs is not None else None,

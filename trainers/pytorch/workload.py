@@ -12,8 +12,9 @@ from trainers.common.factory import call_factory, resolve
 
 
 def accuracy(outputs: torch.Tensor, targets: torch.Tensor) -> float:
-    """Top-1 accuracy of logits against integer class targets."""
-    return (outputs.argmax(dim=1) == targets).float().mean().item()
+    """Top-1 accuracy of logits (classes on the last axis) against integer targets, counted per
+    element: per sample for a classifier, per position for a sequence model."""
+    return (outputs.argmax(dim=-1) == targets).float().mean().item()
 
 
 def adam(lr: float = 1e-3) -> Callable[[Iterable[nn.Parameter]], torch.optim.Optimizer]:

@@ -1,6 +1,8 @@
-"""The built-in TensorFlow workloads: digits-mlp, digits-cnn, mnist-mlp (twins of the PyTorch ones)."""
+"""The built-in TensorFlow workloads: digits-mlp, digits-cnn, digits-resnet, mnist-mlp, charlm (twins of the
+PyTorch ones)."""
 from __future__ import annotations
 
+from functools import partial
 from pathlib import Path
 from typing import Callable
 
@@ -8,9 +10,11 @@ import keras
 import numpy as np
 from PIL import Image
 
-from trainers.common import digits, idx
+from trainers.common import digits, idx, text
+from trainers.common.factory import check_charlm, require_ints
 from trainers.tensorflow import models
 from trainers.tensorflow.data import digits_shards, mnist_shards, parse_png, parse_raw28, random_affine
+from trainers.tensorflow.text import eval_pairs, parse_window, window_shards
 from trainers.tensorflow.workload import Workload
 
 
@@ -42,6 +46,12 @@ def digits_cnn() -> Workload:
     return _digits("digits-cnn", models.cnn)
 
 
+def digits_resnet(width: int = 16, blocks: int = 1) -> Workload:
+    """A small residual CNN with BatchNorm on the same shards at 32x32."""
+    require_ints("digits-resnet", 1, width=width, blocks=blocks)
+    return _digits("digits-resnet", partial(models.resnet, width, blocks))
+
+
 def mnist_mlp(data_dir: str, limit: int | None = None) -> Workload:
     """The MLP on real MNIST idx files in ``data_dir`` (train-* written to TFRecord shards once)."""
     train_x, train_y, test_x, test_y = idx.load_train_test(data_dir, limit)
@@ -56,8 +66,26 @@ def mnist_mlp(data_dir: str, limit: int | None = None) -> Workload:
     )
 
 
+def charlm(context: int = 64, depth: int = 2, width: int = 64, heads: int = 4, train_chars: int = 1_000_000,
+           eval_windows: int = 256, batch_size: int = 32) -> Workload:
+    """The GPT-style character LM on the standard library's source, windows in TFRecord shards."""
+    check_charlm(context, depth, width, heads)
+    corpus = text.prepare(context, train_chars, eval_windows)
+    return Workload(
+        name="charlm",
+        build_model=partial(models.charlm, text.VOCAB, context, depth, width, heads),
+        train_files=window_shards(corpus),
+        parse_fn=parse_window(context),
+        eval_data=eval_pairs(corpus),
+        train_size=len(corpus.train),
+        batch_size=batch_size,
+    )
+
+
 WORKLOADS: dict[str, Callable[..., Workload]] = {
     "digits-mlp": digits_mlp,
     "digits-cnn": digits_cnn,
+    "digits-resnet": digits_resnet,
     "mnist-mlp": mnist_mlp,
+    "charlm": charlm,
 }

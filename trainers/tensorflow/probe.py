@@ -6,6 +6,7 @@ from pathlib import Path
 from typing import Any
 
 import keras
+import numpy as np
 
 from trainers.common import script
 from trainers.common.child import probe_handler
@@ -20,8 +21,10 @@ def _conv(model: keras.Model) -> bool:
 
 
 def _parameters(model: keras.Model) -> int:
+    """Trainable parameters, as PyTorch's twin counts them (BatchNorm's moving statistics are
+    buffers there, not parameters)."""
     try:
-        return int(model.count_params())
+        return sum(int(np.prod(w.shape)) for w in model.trainable_weights)
     except ValueError:  # a subclassed model that was never built
         return 0
 
@@ -62,7 +65,7 @@ def describe(request: dict[str, Any]) -> dict[str, Any]:
     inputs, _ = workload.eval_data
     return {
         "name": workload.name,
-        "parameters": int(model.count_params()),
+        "parameters": _parameters(model),
         "train_samples": records,
         "train_files": len(workload.train_files),
         "eval_samples": int(len(inputs)),

@@ -13,8 +13,9 @@ from trainers.common.factory import call_factory, resolve
 
 
 def accuracy(outputs: np.ndarray, targets: np.ndarray) -> float:
-    """Top-1 accuracy of logits against integer class targets."""
-    return float(np.mean(np.argmax(outputs, axis=1) == targets))
+    """Top-1 accuracy of logits (classes on the last axis) against integer targets, counted per
+    element: per sample for a classifier, per position for a sequence model."""
+    return float(np.mean(np.argmax(outputs, axis=-1) == targets))
 
 
 def adam(lr: float = 1e-3) -> Callable[..., keras.optimizers.Optimizer]:
