@@ -4,9 +4,10 @@
 # device), one burst per CUDA-graph mode with accumulation_steps = 2 (must be "invalid"), then a
 # short digits-cnn study with the CUDA knobs on (fp16 + GradScaler, bf16, cuDNN flags, pin_memory,
 # channels_last, compile with CUDA graphs, accumulation, TF32, optimizer_impl, dataloader_in_order,
-# expandable_segments), then the winner exported, the own-loop
-# script in production, and a 2-trial --jobs auto run (one GPU per trial, read back). Prints
-# what it measured. Budget: under 8 minutes.
+# expandable_segments), then the winner exported, short GPU-sized digits-resnet and charlm studies
+# (each trial's line says whether its child was forked from the warm server; the confirmed speedup),
+# the own-loop script in production, and a 2-trial --jobs auto run (one GPU per trial, read back).
+# Prints what it measured. Budget: about 10 minutes.
 #
 #   benchmarks/gpu_check.sh            # with knobtune installed (make install), or
 #   PYTHON=python3 benchmarks/gpu_check.sh   # from a source tree: wheels in .whl/ are installed first
@@ -23,6 +24,31 @@ work=$(mktemp -d)
 export KNOBTUNE_CACHE_DIR=$work/cache
 "$PY" -c "import torch; assert torch.cuda.is_available(), 'no CUDA device: this script is for a GPU box'; print('torch', torch.__version__, 'on', torch.cuda.get_device_name(0))"
 
+# one line per trial of study $1 in $work/gpu.db: outcome, rate, accuracy, warm-up, how its child started, knobs
+show() {
+"$PY" - "$work/gpu.db" "$1" <<'PY'
+import sys, optuna
+optuna.logging.set_verbosity(optuna.logging.WARNING)
+study = optuna.load_study(study_name=sys.argv[2], storage=f"sqlite:///{sys.argv[1]}")
+print(f"{'#':>3} {'outcome':<8} {'samples/s':>10} {'acc':>6} {'warmup_s':>8} {'settle':>6} {'skips':>5} {'sync':>4} {'start':>6}  knobs")
+for t in study.trials:
+    a = t.user_attrs
+    if "outcome" not in a:
+        continue
+    knobs = {k: v["value"] for k, v in a["knobs"].items() if v["applied"] and k in (
+        "batch_size", "accumulation_steps", "num_workers", "pin_memory", "amp", "compile", "channels_last",
+        "cudnn_benchmark", "cudnn_deterministic", "matmul_precision", "optimizer_impl", "dataloader_in_order",
+        "expandable_segments")}
+    print(f"{t.number:>3} {a['outcome']:<8} {a.get('samples_per_second', 0):>10,.0f} {a.get('val_accuracy', 0):>6.3f} "
+          f"{a.get('warmup_seconds', 0):>8.1f} {a.get('settle_samples', 0):>6} {a.get('amp_skipped_steps', 0):>5} "
+          f"{'yes' if (a.get('applied') or {}).get('per_step_sync') else 'no':>4} {a.get('child_start') or '-':>6}  {knobs}"
+          + (f"  short windows: {a['short_windows']}" if a.get('short_windows') else "")
+          + (f"  {a['failure'].splitlines()[0]}" if a.get('failure') else ""))
+confirmed = study.user_attrs.get("confirmed") or {}
+if confirmed:
+    print("confirmed:", {k: confirmed.get(k) for k in ("baseline", "winner", "speedup", "speedup_range", "medians")})
+PY
+}
 echo "== knobtune env"
 "$PY" -m search.cli env
 echo "== CUDA tests"
@@ -46,25 +72,13 @@ echo "== short digits-cnn study with the CUDA knobs"
 timeout 300 "$PY" -m search.cli run benchmarks/gpu-digits-cnn.toml --storage "sqlite:///$work/gpu.db" || true
 "$PY" -m search.cli export gpu-digits-cnn --storage "sqlite:///$work/gpu.db" -o "$work/best.json"
 cat "$work/best.json"
-"$PY" - "$work/gpu.db" <<'PY'
-import sys, optuna
-optuna.logging.set_verbosity(optuna.logging.WARNING)
-study = optuna.load_study(study_name="gpu-digits-cnn", storage=f"sqlite:///{sys.argv[1]}")
-print(f"{'#':>3} {'outcome':<8} {'samples/s':>10} {'acc':>6} {'warmup_s':>8} {'settle':>6} {'skips':>5} {'sync':>4}  knobs")
-for t in study.trials:
-    a = t.user_attrs
-    if "outcome" not in a:
-        continue
-    knobs = {k: v["value"] for k, v in a["knobs"].items() if v["applied"] and k in (
-        "batch_size", "accumulation_steps", "num_workers", "pin_memory", "amp", "compile", "channels_last",
-        "cudnn_benchmark", "cudnn_deterministic", "matmul_precision", "optimizer_impl", "dataloader_in_order",
-        "expandable_segments")}
-    print(f"{t.number:>3} {a['outcome']:<8} {a.get('samples_per_second', 0):>10,.0f} {a.get('val_accuracy', 0):>6.3f} "
-          f"{a.get('warmup_seconds', 0):>8.1f} {a.get('settle_samples', 0):>6} {a.get('amp_skipped_steps', 0):>5} "
-          f"{'yes' if (a.get('applied') or {}).get('per_step_sync') else 'no':>4}  {knobs}"
-          + (f"  short windows: {a['short_windows']}" if a.get('short_windows') else "")
-          + (f"  {a['failure'].splitlines()[0]}" if a.get('failure') else ""))
-PY
+show gpu-digits-cnn
+echo "== GPU-sized digits-resnet and charlm studies (channels_last, cuDNN autotuning, AMP, compile, attention kernels)"
+for name in gpu-digits-resnet gpu-charlm; do
+  timeout 200 "$PY" -m search.cli run "benchmarks/$name.toml" --storage "sqlite:///$work/gpu.db" --no-diagnose \
+    --artifacts none || true
+  show "$name"
+done
 echo "== the example own-loop script through the Tuned API: production with fp16 + pinned memory + workers"
 cat > "$work/cuda-config.json" <<'JSON'
 {"format": "knobtune.best/1", "framework": "pytorch", "study": "gpu-check", "trial": 0,
