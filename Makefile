@@ -58,6 +58,7 @@ benchmark: install
 	$(PY) benchmarks/own_loop.py
 	$(PY) benchmarks/parallel_jobs.py
 	$(PY) benchmarks/warm_start.py
+	$(PY) benchmarks/real_workloads.py
 
 dashboard: install
 	$(VENV)/bin/knobtune dashboard
