@@ -44,6 +44,17 @@ def study_text(name: str, framework: str, trials: int, seed: int, space: str) ->
     return STUDY_HEAD.format(name=name, framework=framework, trials=trials, seed=seed) + space
 
 
+def space_lines(framework: str, searched: dict[str, list[Any]]) -> str:
+    """``[space]`` lines: ``searched``'s choices, every other knob held at its default (knobs added
+    to the framework later do not grow a benchmark's grid)."""
+    import json
+
+    lines = [f"{name} = {json.dumps(values)}" for name, values in searched.items()]
+    lines += [f"{k.name} = [{json.dumps(k.default)}]" for k in for_framework(framework).knobs
+              if k.name not in searched and k.name != "batch_size"]
+    return "\n".join(lines) + "\n"
+
+
 def run_study(text: str, url: str, confirm: bool = False, diagnose: bool = False,
               jobs: str | None = None) -> tuple[Any, float]:
     """Run the study in ``text`` on storage ``url`` (its trial lines to stdout); the study, wall s.

@@ -27,34 +27,15 @@ from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
-from _bench import plan_for, run_params, run_study, study_text
+from _bench import plan_for, run_params, run_study, space_lines, study_text
 
 from search.objective import final_floor
 
 SPACES = {
-    "pytorch": """batch_size = [64, 128, 256, 512]
-num_workers = [0, 2]
-intra_op_threads = [0, 1]
-amp = ["off", "bf16"]
-accumulation_steps = [1]
-compile = ["off"]
-prefetch_factor = [2]
-persistent_workers = [true]
-""",
-    "tensorflow": """batch_size = [64, 128, 256, 512]
-map_parallel_calls = [0, "autotune"]
-prefetch = [0, "autotune"]
-steps_per_execution = [1, 8]
-accumulation_steps = [1]
-cycle_length = [1]
-interleave_parallel_calls = [0]
-cache = [false]
-jit_compile = [false]
-mixed_precision = ["float32"]
-loop = ["fit"]
-intra_op_threads = [0]
-deterministic = [true]
-""",
+    "pytorch": space_lines("pytorch", {"batch_size": [64, 128, 256, 512], "num_workers": [0, 2],
+                                       "intra_op_threads": [0, 1], "amp": ["off", "bf16"], "persistent_workers": [True]}),
+    "tensorflow": space_lines("tensorflow", {"batch_size": [64, 128, 256, 512], "map_parallel_calls": [0, "autotune"],
+                                             "prefetch": [0, "autotune"], "steps_per_execution": [1, 8]}),
 }
 BASELINE_EXTRA = {"pytorch": "persistent_workers = true\n", "tensorflow": ""}
 

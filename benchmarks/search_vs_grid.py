@@ -18,18 +18,10 @@ import sys
 import tempfile
 from pathlib import Path
 
-from _bench import arguments, interleaved, median, overhead, plan_for, run_params, run_study, study_text
+from _bench import arguments, interleaved, median, overhead, plan_for, run_params, run_study, space_lines, study_text
 
-SPACE = """
-batch_size = [32, 64, 128, 256]
-num_workers = [0, 1, 2]
-amp = ["off", "bf16"]
-intra_op_threads = [0, 1]
-accumulation_steps = [1]
-compile = ["off"]
-prefetch_factor = [2]
-persistent_workers = [true]
-"""
+SPACE = "\n" + space_lines("pytorch", {"batch_size": [32, 64, 128, 256], "num_workers": [0, 1, 2], "amp": ["off", "bf16"],
+                                        "intra_op_threads": [0, 1], "persistent_workers": [True]})
 
 
 def main() -> int:

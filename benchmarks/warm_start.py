@@ -17,30 +17,19 @@ Prints trials to reach 95 % of the grid best with and without the warm start, an
 """
 from __future__ import annotations
 
-import json
 import sys
 import tempfile
 from pathlib import Path
 from typing import Any
 
-from _bench import arguments, plan_for, run_params, run_study, study_text
+from _bench import arguments, plan_for, run_params, run_study, space_lines, study_text
 
-from spaces import for_framework
 
 SEARCHED = {"num_workers": [0, 2], "amp": ["off", "bf16"], "intra_op_threads": [0, 1]}
 
 
-def knob_lines() -> str:
-    """The searched knobs' choices, every other knob at its default (knobs added to the space
-    later do not grow the grid)."""
-    lines = [f"{name} = {json.dumps(values)}" for name, values in SEARCHED.items()]
-    lines += [f"{k.name} = [{json.dumps(k.default)}]" for k in for_framework("pytorch").knobs
-              if k.name not in SEARCHED and k.name != "batch_size"]
-    return "\n".join(lines) + "\n"
-
-
-FIRST = "batch_size = [32, 64]\n" + knob_lines()
-SECOND = "batch_size = [128, 256]\n" + knob_lines()
+FIRST = "batch_size = [32, 64]\n" + space_lines("pytorch", SEARCHED)
+SECOND = "batch_size = [128, 256]\n" + space_lines("pytorch", SEARCHED)
 
 
 def second_text(name: str, trials: int, seed: int, warm: bool) -> str:
