@@ -294,6 +294,7 @@ compile = ["off"]
 amp = ["off"]
 num_workers = [0]
 intra_op_threads = [0]
+optimizer_impl = ["default"]
 [workload]
 {option}
 """

@@ -38,6 +38,7 @@ accumulation_steps = [1]
 num_workers = [0]
 compile = ["off"]
 intra_op_threads = [0]
+optimizer_impl = ["default"]
 amp = ["off", "bf16"]
 {extra}
 """
