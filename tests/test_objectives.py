@@ -235,14 +235,16 @@ def test_the_guard_floor_comes_from_several_baseline_runs(tmp_path: Path):
 
 def test_amortisation_flips_the_choice_for_a_costly_warm_up(tmp_path: Path):
     # (the guard is loose here: on 320 samples the two batch sizes' accuracies differ by chance)
-    workload = '[guard]\nmax_accuracy_drop = 0.3\n[workload]\nslow = [32]\nstep_cost = 0.004\nwarm = [16]\nwarmup_cost = 6.0'
+    # batch 32 sleeps 20 ms a step: about half batch 16's steady rate (a tiny step's own cost is
+    # ~10 ms here, so 4 ms left them 13 % apart, which a busy machine flipped)
+    workload = '[guard]\nmax_accuracy_drop = 0.3\n[workload]\nslow = [32]\nstep_cost = 0.02\nwarm = [16]\nwarmup_cost = 6.0'
     for name, job in (("steady", ""), ("short-job", "job_samples = 2000")):
         path = study_file(tmp_path, body(name, job, workload="kt_test_workloads:paced",
                                          trials=2, extra=workload)
                           .replace('amp = ["off", "bf16"]', 'amp = ["off"]'), f"{name}.toml")
         knobtune("run", str(path), *FAST, cwd=tmp_path, check=0)
     steady, short = results.best(load(tmp_path, "steady")), results.best(load(tmp_path, "short-job"))
-    assert steady.params["batch_size"] == 16  # fastest steady state, despite its 2 s warm-up
+    assert steady.params["batch_size"] == 16  # fastest steady state, despite its 6 s warm-up
     assert short.params["batch_size"] == 32  # over a 2000-sample job the warm-up does not pay off
     a = short.user_attrs
     assert a["effective_samples_per_second"] == pytest.approx(2000 / (a["warmup_seconds"] + 2000 / a["samples_per_second"]))
