@@ -11,11 +11,11 @@ from typing import Any, Iterable
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
-from search import definition  # noqa: E402
-from search.objective import Plan, Report, measure  # noqa: E402
-from search.partition import Partition  # noqa: E402
-from search.probe import probe  # noqa: E402
-from spaces import for_framework  # noqa: E402
+from knobtune.search import definition  # noqa: E402
+from knobtune.search.objective import Plan, Report, measure  # noqa: E402
+from knobtune.search.partition import Partition  # noqa: E402
+from knobtune.search.probe import probe  # noqa: E402
+from knobtune.spaces import for_framework  # noqa: E402
 
 
 STUDY_HEAD = """
@@ -64,7 +64,7 @@ def run_study(text: str, url: str, confirm: bool = False, diagnose: bool = False
 
     import optuna
 
-    from search import study as study_mod
+    from knobtune.search import study as study_mod
 
     d = definition.parse(text, default_name="benchmark")
     start = time.monotonic()
@@ -111,7 +111,7 @@ def overhead(plan: Plan, configs: list[dict[str, Any]]) -> dict[str, tuple[float
     """Each configuration measured twice, as a child forked from the warm server and as a fresh
     process, alternately (so drift hits both alike); per way, the overhead (trial wall time minus
     the burst's own) as a fraction of the trial wall time, and in seconds per trial."""
-    from search import forkserver
+    from knobtune.search import forkserver
 
     ways = {"warm server": "1", "fresh process": "0"}
     spent: dict[str, list[tuple[float, float]]] = {way: [] for way in ways}

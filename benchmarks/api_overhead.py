@@ -34,8 +34,8 @@ def main() -> int:
     from torch.utils.data import DataLoader
 
     from bench_workloads import fast_step
-    from trainers.common.production import WatchdogSettings
-    from trainers.pytorch.tuned import Tuned
+    from knobtune.trainers.common.production import WatchdogSettings
+    from knobtune.trainers.pytorch.tuned import Tuned
 
     torch.set_num_threads(1)
     workload = fast_step(samples=args.samples)

@@ -5,7 +5,7 @@ import torch
 from torch import nn
 from torch.utils.data import TensorDataset
 
-from trainers.pytorch import Workload
+from knobtune.pytorch import Workload
 
 
 def fast_step(samples: int = 8192, hidden: int = 64) -> Workload:

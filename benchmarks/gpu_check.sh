@@ -50,13 +50,13 @@ if confirmed:
 PY
 }
 echo "== knobtune env"
-"$PY" -m search.cli env
+"$PY" -m knobtune env
 echo "== CUDA tests"
 timeout 240 "$PY" -m pytest -q -m cuda tests/test_cuda.py
 echo "== CUDA graphs with gradient accumulation (each must be refused as invalid, before training)"
 "$PY" - <<'PY'
-from search.runner import run_child
-from spaces import for_framework
+from knobtune.search.runner import run_child
+from knobtune.spaces import for_framework
 ctx = {"hardware": {"cuda": True, "bf16": True, "tf32": True, "usable_cores": 8}, "workload": {"batch_size": 64}}
 for mode in ("reduce-overhead", "max-autotune"):
     for k in (1, 2):
@@ -69,13 +69,13 @@ for mode in ("reduce-overhead", "max-autotune"):
               f"skips={report.get('cudagraph_skips')}  {(child.failure or '').splitlines()[0] if child.failure else ''}")
 PY
 echo "== short digits-cnn study with the CUDA knobs"
-timeout 300 "$PY" -m search.cli run benchmarks/gpu-digits-cnn.toml --storage "sqlite:///$work/gpu.db" || true
-"$PY" -m search.cli export gpu-digits-cnn --storage "sqlite:///$work/gpu.db" -o "$work/best.json"
+timeout 300 "$PY" -m knobtune run benchmarks/gpu-digits-cnn.toml --storage "sqlite:///$work/gpu.db" || true
+"$PY" -m knobtune export gpu-digits-cnn --storage "sqlite:///$work/gpu.db" -o "$work/best.json"
 cat "$work/best.json"
 show gpu-digits-cnn
 echo "== GPU-sized digits-resnet and charlm studies (channels_last, cuDNN autotuning, AMP, compile, attention kernels)"
 for name in gpu-digits-resnet gpu-charlm; do
-  timeout 200 "$PY" -m search.cli run "benchmarks/$name.toml" --storage "sqlite:///$work/gpu.db" --no-diagnose \
+  timeout 200 "$PY" -m knobtune run "benchmarks/$name.toml" --storage "sqlite:///$work/gpu.db" --no-diagnose \
     --artifacts none || true
   show "$name"
 done
@@ -88,7 +88,7 @@ cat > "$work/cuda-config.json" <<'JSON'
 JSON
 KNOBTUNE_CONFIG="$work/cuda-config.json" KNOBTUNE_WATCHDOG_S=1 timeout 120 "$PY" studies/own_loop_pytorch.py --epochs 8
 echo "== --jobs auto: one trial per GPU, each child pinned to its GPU and its share of the cores (read back)"
-timeout 100 "$PY" -m search.cli run benchmarks/gpu-digits-cnn.toml --storage "sqlite:///$work/jobs.db" --name gpu-jobs \
+timeout 100 "$PY" -m knobtune run benchmarks/gpu-digits-cnn.toml --storage "sqlite:///$work/jobs.db" --name gpu-jobs \
   --jobs auto --trials 2 --no-confirm --no-diagnose --artifacts none || true
 "$PY" - "$work/jobs.db" <<'PY'
 import sys, optuna

@@ -21,7 +21,7 @@ HERE = Path(__file__).resolve().parent
 sys.path.insert(0, str(HERE.parent))
 sys.path.insert(0, str(HERE))
 
-from spaces import for_framework  # noqa: E402
+from knobtune.spaces import for_framework  # noqa: E402
 
 # every knob at its CPU default, batch 64, one intra-op thread
 KNOBS = {**for_framework("pytorch").defaults({"hardware": {"cuda": False, "usable_cores": 2},
@@ -34,8 +34,8 @@ def main() -> int:
     parser.add_argument("--steps", type=int, default=300, help="training steps per round (default 300)")
     args = parser.parse_args()
 
-    from trainers.pytorch.tuned import LossGuard, for_request
-    from trainers.pytorch.workload import load
+    from knobtune.trainers.pytorch.tuned import LossGuard, for_request
+    from knobtune.trainers.pytorch.workload import load
 
     total = args.rounds * args.steps + 200
     burst = {"train_samples": total * KNOBS["batch_size"], "warmup_samples": 0, "windows": 1, "seed": 0}

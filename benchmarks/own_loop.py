@@ -34,7 +34,7 @@ SCRIPT = ROOT / "studies" / "own_loop_pytorch.py"
 
 
 def knobtune(*args: str, cwd: Path) -> subprocess.CompletedProcess:
-    proc = subprocess.run([sys.executable, "-m", "search.cli", *args], cwd=cwd, capture_output=True, text=True,
+    proc = subprocess.run([sys.executable, "-m", "knobtune", *args], cwd=cwd, capture_output=True, text=True,
                           env={**os.environ, "PYTHONPATH": str(ROOT)})
     if proc.returncode != 0:
         sys.exit(f"knobtune {' '.join(args)} failed ({proc.returncode}):\n{proc.stderr[-3000:]}")
@@ -59,7 +59,7 @@ def production_rate(config: Path | None, epochs: int, interval: float, cwd: Path
 
 def burst_rate(best: dict, cwd: Path) -> float:
     """The winner measured again as its trials were: one burst of the script in a child process."""
-    from search.runner import run_child
+    from knobtune.search.runner import run_child
 
     request = {"script": str(SCRIPT), "args": best.get("args") or [], "knobs": best["knobs"],
                "burst": {**best["burst"], "seed": 0}, "workdir": str(cwd), "lr_scale": best.get("lr_scale") or 1.0}

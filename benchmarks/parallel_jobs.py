@@ -22,8 +22,8 @@ from typing import Any
 
 from _bench import median, plan_for, run_params, run_study, study_text
 
-from search import partition, results
-from search.objective import final_floor
+from knobtune.search import partition, results
+from knobtune.search.objective import final_floor
 
 # 16 configurations: a 16-trial study does not run out of new ones while two run at once
 SPACE = """batch_size = [32, 64, 128, 256]

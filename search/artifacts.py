@@ -15,8 +15,8 @@ from typing import Any
 
 import optuna
 
-from search.errors import UserError
-from search.storage import sqlite_file
+from knobtune.search.errors import UserError
+from knobtune.search.storage import sqlite_file
 
 SUFFIX = "-artifacts"
 

@@ -16,8 +16,8 @@ from typing import Any, Callable
 import optuna
 from optuna.trial import FrozenTrial, TrialState
 
-from search import results, story
-from search.compare import Side
+from knobtune.search import results, story
+from knobtune.search.compare import Side
 
 BASELINE_COLOUR = "#7f7f7f"
 WINNER_COLOUR = "#d62728"

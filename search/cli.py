@@ -7,9 +7,9 @@ import signal
 import sys
 import warnings
 
-from search import __version__
-from search.commands import compare, dashboard, diagnose, env, export, report, run, worker
-from search.errors import RunError, UserError
+from knobtune import __version__
+from knobtune.search.commands import compare, dashboard, diagnose, env, export, report, run, worker
+from knobtune.search.errors import RunError, UserError
 
 
 def parser() -> argparse.ArgumentParser:

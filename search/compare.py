@@ -8,9 +8,9 @@ from typing import Any
 import optuna
 from optuna.trial import FrozenTrial
 
-from search import results
-from search.errors import UserError
-from search.progress import rate
+from knobtune.search import results
+from knobtune.search.errors import UserError
+from knobtune.search.progress import rate
 
 MACHINE_KEYS = ("cpu_model", "usable_cores", "memory_mb", "gpus")
 

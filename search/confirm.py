@@ -13,9 +13,9 @@ from typing import Any, Callable, TextIO
 import optuna
 from optuna.trial import FrozenTrial
 
-from search import results
-from search.objective import Plan, baseline_accuracies, final_floor, measure, objective_values
-from search.progress import rate as fmt
+from knobtune.search import results
+from knobtune.search.objective import Plan, baseline_accuracies, final_floor, measure, objective_values
+from knobtune.search.progress import rate as fmt
 
 ProgressLine = Callable[[str], None]
 
@@ -45,7 +45,7 @@ def _score(plan: Plan, attrs: dict[str, Any], base_acc: list[float] | None) -> t
     target) and whether it passed the guard."""
     if attrs.get("outcome") != "ok" or (attrs.get("val_accuracy") is None and plan.definition.guard.accuracy):
         return None, False
-    from search.objective import Report
+    from knobtune.search.objective import Report
 
     values, constraint, _ = objective_values(Report("ok", dict(attrs)), plan.definition, base_acc)
     return values[0], constraint <= 0

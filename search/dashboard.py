@@ -5,9 +5,9 @@ import errno
 import sys
 from typing import TextIO
 
-from search import artifacts
-from search.errors import UserError
-from search.storage import open_storage, redact
+from knobtune.search import artifacts
+from knobtune.search.errors import UserError
+from knobtune.search.storage import open_storage, redact
 
 
 def serve(url: str, host: str = "127.0.0.1", port: int = 8080, err: TextIO = sys.stderr,

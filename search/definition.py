@@ -7,9 +7,9 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any, Mapping
 
-from search.errors import UserError
-from spaces import FRAMEWORKS, for_framework
-from trainers.common.builtins import BUILTIN_WORKLOADS
+from knobtune.search.errors import UserError
+from knobtune.spaces import FRAMEWORKS, for_framework
+from knobtune.trainers.common.builtins import BUILTIN_WORKLOADS
 
 SAMPLERS = ("tpe", "random")
 OBJECTIVES = ("throughput", "pareto", "time-to-accuracy")

@@ -10,9 +10,9 @@ from typing import Any, TextIO
 
 import optuna
 
-from search.objective import Plan
-from search.progress import rate
-from search.runner import run_child
+from knobtune.search.objective import Plan
+from knobtune.search.progress import rate
+from knobtune.search.runner import run_child
 
 
 def ceilings(plan: Plan, params: dict[str, Any]) -> dict[str, Any]:

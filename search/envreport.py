@@ -4,9 +4,9 @@ from __future__ import annotations
 import json
 from typing import Any
 
-from search.probe import framework_installed, probe
-from spaces import FRAMEWORKS
-from trainers.common import hostinfo
+from knobtune.search.probe import framework_installed, probe
+from knobtune.spaces import FRAMEWORKS
+from knobtune.trainers.common import hostinfo
 
 
 def collect() -> dict[str, Any]:

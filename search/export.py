@@ -7,8 +7,8 @@ from typing import Any
 
 import optuna
 
-from search import results
-from search.errors import UserError
+from knobtune.search import results
+from knobtune.search.errors import UserError
 
 FORMAT = "knobtune.best/1"
 

@@ -21,7 +21,7 @@ import time
 from pathlib import Path
 from typing import Any
 
-from search.partition import Partition
+from knobtune.search.partition import Partition
 
 ENV_SWITCH = "KNOBTUNE_FORK_SERVER"
 READY_TIMEOUT_S = 300.0
@@ -78,7 +78,7 @@ class Server:
         self.busy = threading.Lock()
         self._stderr = tempfile.TemporaryFile(prefix="knobtune-forkserver-")
         self.proc = subprocess.Popen(
-            [sys.executable, "-m", "trainers.common.forkserver", framework],
+            [sys.executable, "-m", "knobtune.trainers.common.forkserver", framework],
             stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=self._stderr, env=env,
             start_new_session=True,  # Ctrl-C in the terminal is the parent's to handle, as for a child
             preexec_fn=placement.pin if placement is not None and sys.platform == "linux" else None)

@@ -18,7 +18,7 @@ from typing import Any
 import sqlalchemy as sa
 from sqlalchemy.exc import IntegrityError, OperationalError, ProgrammingError
 
-from search.errors import RunError
+from knobtune.search.errors import RunError
 
 _META = sa.MetaData()
 LEASES = sa.Table(

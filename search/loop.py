@@ -23,15 +23,15 @@ from typing import Any, Callable, TextIO
 import optuna
 from optuna.trial import FrozenTrial, TrialState
 
-from search import artifacts, notes, partition, results, story, warmstart, workers
-from search.errors import RunError
-from search.lease import Lease
-from search.objective import (Plan, Report, baseline_accuracies, duplicate_of, measure, measure_baseline,
+from knobtune.search import artifacts, notes, partition, results, story, warmstart, workers
+from knobtune.search.errors import RunError
+from knobtune.search.lease import Lease
+from knobtune.search.objective import (Plan, Report, baseline_accuracies, duplicate_of, measure, measure_baseline,
                               prune_rule, suggest, tell, without_unexercised)
-from search.partition import Partition
-from search.progress import Progress
-from search.summary import trial_line
-from search.workers import Sharing
+from knobtune.search.partition import Partition
+from knobtune.search.progress import Progress
+from knobtune.search.summary import trial_line
+from knobtune.search.workers import Sharing
 
 RANDOM_TRIES = 2000
 

@@ -11,7 +11,7 @@ from typing import Any
 
 import optuna
 
-from search import results, story
+from knobtune.search import results, story
 
 
 def _notes_of(storage: Any, study_id: int) -> dict[int | None, str]:

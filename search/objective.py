@@ -15,11 +15,11 @@ from typing import Any, Callable
 import optuna
 from optuna.trial import TrialState
 
-from search import results
-from search.definition import Definition
-from search.partition import Partition
-from search.runner import ChildResult, run_child
-from spaces.knobs import Context, Offer, Resolved, Space
+from knobtune.search import results
+from knobtune.search.definition import Definition
+from knobtune.search.partition import Partition
+from knobtune.search.runner import ChildResult, run_child
+from knobtune.spaces.knobs import Context, Offer, Resolved, Space
 
 ATTR_FIELDS = (
     "samples_per_second", "samples_per_second_cv", "warmup_seconds", "val_accuracy", "final_loss",

@@ -11,7 +11,7 @@ import os
 from dataclasses import dataclass
 from typing import Any
 
-from search.errors import UserError
+from knobtune.search.errors import UserError
 
 
 @dataclass(frozen=True)

@@ -9,10 +9,10 @@ import importlib.util
 import os
 from typing import Any
 
-from search.errors import RunError, UserError
-from search.partition import Partition
-from search.runner import run_child
-from trainers.common.builtins import FRAMEWORK_MODULES
+from knobtune.search.errors import RunError, UserError
+from knobtune.search.partition import Partition
+from knobtune.search.runner import run_child
+from knobtune.trainers.common.builtins import FRAMEWORK_MODULES
 
 PROBE_TIMEOUT_S = 600.0
 INSTALL_HINTS = {

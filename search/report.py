@@ -15,13 +15,14 @@ from typing import Any
 import optuna
 from optuna.trial import FrozenTrial, TrialState
 
-from search import __version__, charts, results, story
-from search.charts import Chart
+from knobtune import __version__
+from knobtune.search import charts, results, story
+from knobtune.search.charts import Chart
 # (compare._side: the same checks and figures as `knobtune compare`)
-from search.compare import Side, _side, check_comparable, job, knob_effects, precision, verdict
-from search.errors import UserError
-from search.progress import rate
-from search.storage import redact
+from knobtune.search.compare import Side, _side, check_comparable, job, knob_effects, precision, verdict
+from knobtune.search.errors import UserError
+from knobtune.search.progress import rate
+from knobtune.search.storage import redact
 
 # Measurements first in the table and the CSV, in this order (other attributes follow).
 MEASUREMENTS = ("samples_per_second", "effective_samples_per_second", "samples_per_second_cv", "val_accuracy",

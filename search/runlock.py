@@ -20,8 +20,8 @@ import time
 from collections.abc import Iterator
 from pathlib import Path
 
-from search.errors import UserError
-from search.storage import redact, sqlite_file
+from knobtune.search.errors import UserError
+from knobtune.search.storage import redact, sqlite_file
 
 
 def lock_path(url: str, study_name: str) -> Path | None:

@@ -21,8 +21,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Callable
 
-from search import forkserver
-from search.partition import Partition
+from knobtune.search import forkserver
+from knobtune.search.partition import Partition
 
 CHILD_OUTCOMES = ("ok", "nan", "oom", "invalid")
 TAIL_LINES = 15
@@ -170,7 +170,7 @@ def _start(framework: str, argv: list[str], env: dict[str, str], log_path: Path,
         except forkserver.ServerLost:
             forkserver.discard(server)  # its busy lock goes with it
     with open(log_path, "wb") as log:
-        return subprocess.Popen([sys.executable, "-m", f"trainers.{framework}", *argv], stdin=subprocess.DEVNULL,
+        return subprocess.Popen([sys.executable, "-m", f"knobtune.trainers.{framework}", *argv], stdin=subprocess.DEVNULL,
                                 stdout=log, stderr=subprocess.STDOUT, start_new_session=True, env=env,
                                 preexec_fn=_before_exec(placement))
 

@@ -10,7 +10,7 @@ import time
 from pathlib import Path
 from typing import Any
 
-from search.errors import UserError
+from knobtune.search.errors import UserError
 
 DEFAULT_URL = "sqlite:///knobtune.db"
 SQLITE_TIMEOUT_S = 60

@@ -16,9 +16,9 @@ from typing import Any, Union
 import optuna
 from optuna.trial import FrozenTrial, TrialState
 
-from search import results
-from search.progress import rate
-from search.storage import DEFAULT_URL, redact
+from knobtune.search import results
+from knobtune.search.progress import rate
+from knobtune.search.storage import DEFAULT_URL, redact
 
 # ("h", text) | ("p", text) | ("ul", [text, ...]) | ("table", [header, ...], [[cell, ...], ...]) | ("code", text)
 # Text may hold **bold** and `code` spans; nothing else is markup.

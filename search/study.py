@@ -12,20 +12,21 @@ from typing import Any, Callable, TextIO
 import optuna
 from optuna.trial import TrialState
 
-from search import __version__, artifacts, loop, notes, partition, results, runlock, warmstart, workers
-from search.confirm import confirm
-from search.definition import Definition
-from search.diagnose import diagnose_study
-from search.errors import RunError, UserError
-from search.lease import Lease
-from search.objective import Plan
-from search.partition import Partition
-from search.probe import probe_study
-from search.progress import Progress
-from search.storage import is_sqlite, open_storage, redact, resolve_url
-from search.summary import study_summary
-from search.workers import Sharing
-from spaces import for_framework
+from knobtune import __version__
+from knobtune.search import artifacts, loop, notes, partition, results, runlock, warmstart, workers
+from knobtune.search.confirm import confirm
+from knobtune.search.definition import Definition
+from knobtune.search.diagnose import diagnose_study
+from knobtune.search.errors import RunError, UserError
+from knobtune.search.lease import Lease
+from knobtune.search.objective import Plan
+from knobtune.search.partition import Partition
+from knobtune.search.probe import probe_study
+from knobtune.search.progress import Progress
+from knobtune.search.storage import is_sqlite, open_storage, redact, resolve_url
+from knobtune.search.summary import study_summary
+from knobtune.search.workers import Sharing
+from knobtune.spaces import for_framework
 
 # The fingerprint keys that must match for a resumed study's numbers to compare.
 HARDWARE_KEYS = ("cpu_model", "usable_cores", "gpus", "torch", "tensorflow", "cuda_version")

@@ -6,11 +6,11 @@ from typing import Any
 import optuna
 from optuna.trial import FrozenTrial
 
-from search import results
-from search.diagnose import line as diagnosis_line
-from search.progress import rate
-from search.story import disqualified
-from search.storage import DEFAULT_URL, redact
+from knobtune.search import results
+from knobtune.search.diagnose import line as diagnosis_line
+from knobtune.search.progress import rate
+from knobtune.search.story import disqualified
+from knobtune.search.storage import DEFAULT_URL, redact
 
 
 def changed_knobs(values: dict[str, Any], reference: dict[str, Any]) -> str:

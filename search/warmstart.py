@@ -15,12 +15,12 @@ from typing import Any, Mapping, TextIO
 import optuna
 from optuna.trial import FrozenTrial
 
-from search import results
-from search.definition import Definition
-from search.errors import UserError
-from search.export import study_names
-from search.objective import Plan
-from spaces.knobs import Offer, Space
+from knobtune.search import results
+from knobtune.search.definition import Definition
+from knobtune.search.errors import UserError
+from knobtune.search.export import study_names
+from knobtune.search.objective import Plan
+from knobtune.spaces.knobs import Offer, Space
 
 ATTR = "warm_start"       # study attribute: the sources already queued from
 SOURCE = "warm-start"     # the queued trials' ``source``

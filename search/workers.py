@@ -16,8 +16,8 @@ from typing import Any, TypeVar
 import optuna
 from optuna.trial import FrozenTrial, TrialState
 
-from search.errors import RunError
-from search.storage import redact
+from knobtune.search.errors import RunError
+from knobtune.search.storage import redact
 
 T = TypeVar("T")
 RETRY_PAUSES_S = (1, 2, 4, 8, 15)  # then 15 s until the budget is spent
@@ -210,7 +210,7 @@ def patiently(step: Callable[[], T], url: str, budget_s: float, say: Callable[[s
 
 def first_line(exc: BaseException, url: str) -> str:
     """The innermost error's first line, the URL's password redacted."""
-    from search.storage import scrub
+    from knobtune.search.storage import scrub
 
     inner = exc
     while inner.__cause__ is not None:

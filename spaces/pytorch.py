@@ -3,7 +3,7 @@ from __future__ import annotations
 
 from typing import Any, Mapping
 
-from spaces.knobs import (Context, Knob, Space, accumulation_knob, batch_size_knob, core_counts, fits_cores,
+from knobtune.spaces.knobs import (Context, Knob, Space, accumulation_knob, batch_size_knob, core_counts, fits_cores,
                           hardware, one_of, positive, threads_knob, usable_cores)
 
 NEEDS_CUDA = "needs CUDA; this machine has no CUDA device"

@@ -7,7 +7,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from spaces.knobs import (Context, Knob, Space, accumulation_knob, batch_size_knob, core_counts, fits_cores, hardware,
+from knobtune.spaces.knobs import (Context, Knob, Space, accumulation_knob, batch_size_knob, core_counts, fits_cores, hardware,
                           one_of, positive, threads_knob)
 
 AUTOTUNE = "autotune"

@@ -2,7 +2,7 @@
 
 knobtune imports ``studies.custom_workload:build`` from the directory you run it in (here the
 repository root) and calls ``build(**[workload] options)``. It must return a
-``trainers.pytorch.Workload``; everything else about the trial (DataLoader, AMP, compile,
+``knobtune.pytorch.Workload``; everything else about the trial (DataLoader, AMP, compile,
 accumulation, timing, the NaN guard, evaluation) is knobtune's.
 """
 from __future__ import annotations
@@ -11,7 +11,7 @@ import torch
 from torch import nn
 from torch.utils.data import TensorDataset
 
-from trainers.pytorch import Workload
+from knobtune.pytorch import Workload
 
 
 def _digits_tensors(hidden_noise: float) -> tuple[TensorDataset, TensorDataset]:

@@ -2,7 +2,7 @@
 
 knobtune imports ``studies.custom_workload_tf:build`` from the directory you run it in (here the
 repository root) and calls ``build(**[workload] options)``. It must return a
-``trainers.tensorflow.Workload``; the tf.data pipeline around ``parse_fn`` (interleave, map
+``knobtune.tensorflow.Workload``; the tf.data pipeline around ``parse_fn`` (interleave, map
 parallelism, cache, shuffle, batch, prefetch), the compile settings, the loop, the timing, the NaN
 guard and the evaluation are knobtune's. So that the example runs anywhere, it writes its
 TFRecord files once from scikit-learn's 8x8 digits; point ``data_dir`` at your own shards instead.
@@ -15,7 +15,7 @@ import keras
 import numpy as np
 import tensorflow as tf
 
-from trainers.tensorflow import Workload
+from knobtune.tensorflow import Workload
 
 FEATURES = {"pixels": tf.io.FixedLenFeature([64], tf.float32), "label": tf.io.FixedLenFeature([], tf.int64)}
 
@@ -49,7 +49,7 @@ def parse(serialized: tf.Tensor) -> tuple[tf.Tensor, tf.Tensor]:
 
 def build(width: int = 128, lr: float = 0.05, data_dir: str | None = None) -> Workload:
     """A 64-width-10 MLP on 8x8 digits from TFRecord files, trained with SGD + momentum."""
-    from trainers.common.paths import cache_dir
+    from knobtune.trainers.common.paths import cache_dir
 
     directory = Path(data_dir).expanduser() if data_dir else cache_dir() / "example-digits8"
     files, eval_data = _write_example_shards(directory)

@@ -27,9 +27,9 @@ import json
 import keras
 import tensorflow as tf
 
-from trainers.common import digits
-from trainers.tensorflow import Tuned
-from trainers.tensorflow.data import digits_shards, parse_png, random_affine
+from knobtune.trainers.common import digits
+from knobtune.tensorflow import Tuned
+from knobtune.trainers.tensorflow.data import digits_shards, parse_png, random_affine
 
 
 def build_model() -> keras.Model:

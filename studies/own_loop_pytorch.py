@@ -26,9 +26,9 @@ import torch
 from torch import nn
 from torch.utils.data import DataLoader
 
-from trainers.common import digits
-from trainers.pytorch import Tuned
-from trainers.pytorch.data import PngDigits
+from knobtune.trainers.common import digits
+from knobtune.pytorch import Tuned
+from knobtune.trainers.pytorch.data import PngDigits
 
 
 def build_model() -> nn.Module:

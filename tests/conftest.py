@@ -61,7 +61,7 @@ def data_cache(tmp_path_factory: pytest.TempPathFactory) -> Path:
 def knobtune(*args: str, cwd: Path, timeout: float = 600, check: int | None = None) -> subprocess.CompletedProcess:
     """Run the real ``knobtune`` CLI in a fresh process."""
     proc = subprocess.run(
-        [sys.executable, "-m", "search.cli", *args], cwd=cwd, capture_output=True, text=True, timeout=timeout
+        [sys.executable, "-m", "knobtune", *args], cwd=cwd, capture_output=True, text=True, timeout=timeout
     )
     if check is not None:
         assert proc.returncode == check, f"exit {proc.returncode}\nstdout:\n{proc.stdout}\nstderr:\n{proc.stderr}"

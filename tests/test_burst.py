@@ -5,8 +5,8 @@ from typing import Any
 
 import pytest
 
-from search.runner import group_members, run_child
-from spaces import for_framework
+from knobtune.search.runner import group_members, run_child
+from knobtune.spaces import for_framework
 
 BURST = {"train_samples": 640, "warmup_samples": 64, "windows": 3, "seed": 0}
 CPU_CTX = {"hardware": {"cuda": False, "bf16": True, "usable_cores": 2}, "workload": {"batch_size": 32}}
@@ -89,7 +89,7 @@ def test_timeout_kills_the_whole_process_group():
 
 def test_bad_user_workloads_are_errors_not_crashes():
     child = burst("kt_test_workloads:not_a_workload")
-    assert child.outcome == "error" and "returned builtins.int, expected trainers.pytorch.Workload" in child.failure
+    assert child.outcome == "error" and "returned builtins.int, expected knobtune.pytorch.Workload" in child.failure
     child = burst("kt_broken_module:factory")
     assert child.outcome == "error" and "cannot import module 'kt_broken_module'" in child.failure
     child = burst("kt_test_workloads:needs_option", options={"colour": "red"})

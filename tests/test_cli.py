@@ -17,7 +17,7 @@ import psutil
 import pytest
 
 from conftest import FAST, TINY_BURST, knobtune, study_file
-from search.runner import group_members
+from knobtune.search.runner import group_members
 
 STUDY = """
 [study]
@@ -109,7 +109,7 @@ def _free_port() -> int:
 def test_dashboard_serves_the_study(ran):
     tmp, _ = ran
     port = _free_port()
-    proc = subprocess.Popen([sys.executable, "-m", "search.cli", "dashboard", "--port", str(port)], cwd=tmp,
+    proc = subprocess.Popen([sys.executable, "-m", "knobtune", "dashboard", "--port", str(port)], cwd=tmp,
                             stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
     try:
         body = None
@@ -176,7 +176,7 @@ def test_ctrl_c_stops_cleanly_and_keeps_finished_trials(tmp_path: Path):
     with open(log, "a") as stream:  # append mode: our reads never move where the run writes
         # SIGINT as at a terminal: a suite started in the background (CI, `make test &`) inherits it
         # ignored, and Python then installs no KeyboardInterrupt handler in the run
-        proc = subprocess.Popen([sys.executable, "-m", "search.cli", "run", str(path), *FAST], cwd=tmp_path,
+        proc = subprocess.Popen([sys.executable, "-m", "knobtune", "run", str(path), *FAST], cwd=tmp_path,
                                 stdout=subprocess.DEVNULL, stderr=stream, text=True,
                                 preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_DFL))
     storage = f"sqlite:///{tmp_path / 'knobtune.db'}"
@@ -217,7 +217,7 @@ def test_a_second_run_of_a_live_study_is_refused_and_a_killed_run_frees_it(tmp_p
     path = study_file(tmp_path, body.replace("trials = 3", "trials = 8"))
     log = tmp_path / "stderr.txt"
     with open(log, "a") as stream:
-        first = subprocess.Popen([sys.executable, "-m", "search.cli", "run", str(path), *FAST], cwd=tmp_path,
+        first = subprocess.Popen([sys.executable, "-m", "knobtune", "run", str(path), *FAST], cwd=tmp_path,
                                  stdout=subprocess.DEVNULL, stderr=stream, text=True)
     try:
         def running_trial() -> int | None:
@@ -263,12 +263,12 @@ def log_text(log: Path) -> str:
 
 def burst_children(pid: int) -> list[psutil.Process]:
     """The knobtune process's running trial children (a probe that just exited may be a zombie):
-    fresh ones (``python -m trainers.pytorch burst``) and ones forked by its warm server (named
+    fresh ones (``python -m knobtune.trainers.pytorch burst``) and ones forked by its warm server (named
     kt-burst), each the leader of its own process group."""
     out = []
     for child in psutil.Process(pid).children(recursive=True):
         try:
-            fresh = "trainers.pytorch" in " ".join(child.cmdline()) and "burst" in child.cmdline()
+            fresh = "knobtune.trainers.pytorch" in " ".join(child.cmdline()) and "burst" in child.cmdline()
             if (fresh or child.name() == "kt-burst") and os.getpgid(child.pid) == child.pid \
                     and child.status() != psutil.STATUS_ZOMBIE:
                 out.append(child)
@@ -335,7 +335,7 @@ def test_a_failing_baseline_stops_the_run_and_export_says_why(tmp_path: Path):
 def test_bad_workloads_are_exit_2_before_any_trial(tmp_path: Path):
     for workload, expected in [
         ("kt_broken_module:factory", "cannot import module 'kt_broken_module'"),
-        ("kt_test_workloads:not_a_workload", "expected trainers.pytorch.Workload"),
+        ("kt_test_workloads:not_a_workload", "expected knobtune.pytorch.Workload"),
         ("kt_test_workloads:missing", "has no attribute 'missing'"),
     ]:
         path = study_file(tmp_path, f'[study]\nname = "w"\nframework = "pytorch"\nworkload = "{workload}"\n')
@@ -357,7 +357,7 @@ def test_a_killed_run_leaves_no_trial_running_and_resumes(tmp_path: Path):
     body = body.replace('workload = "kt_test_workloads:tiny"', 'workload = "kt_test_workloads:sleepy"')
     body = body.replace("[space]", "[workload]\nseconds = 0.01\n[baseline]\nnum_workers = 1\n[space]")
     path = study_file(tmp_path, body)
-    proc = subprocess.Popen([sys.executable, "-m", "search.cli", "run", str(path), *FAST], cwd=tmp_path,
+    proc = subprocess.Popen([sys.executable, "-m", "knobtune", "run", str(path), *FAST], cwd=tmp_path,
                             stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
     deadline = time.monotonic() + 120
     kids: list[psutil.Process] = []

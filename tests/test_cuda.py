@@ -6,8 +6,8 @@ from typing import Any
 
 import pytest
 
-from search.runner import run_child
-from spaces import for_framework
+from knobtune.search.runner import run_child
+from knobtune.spaces import for_framework
 
 pytestmark = pytest.mark.cuda
 BURST = {"train_samples": 2048, "warmup_samples": 256, "windows": 4, "seed": 0}
@@ -106,7 +106,7 @@ def test_without_a_config_the_scripts_own_cuda_settings_stay():
     import sys
 
     code = ("import torch; torch.backends.cudnn.benchmark = True; torch.set_float32_matmul_precision('high'); "
-            "from trainers.pytorch import Tuned; Tuned.load(); "
+            "from knobtune.pytorch import Tuned; Tuned.load(); "
             "print(torch.backends.cudnn.benchmark, torch.get_float32_matmul_precision())")
     proc = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120,
                           env={**os.environ, "KNOBTUNE_CONFIG": ""})
@@ -120,7 +120,7 @@ def test_forked_children_each_set_up_cuda_and_cudnn_their_own_way():
     import shutil
     import subprocess
 
-    from search import forkserver
+    from knobtune.search import forkserver
 
     seen = []
     for benchmark, precision in ((True, "high"), (False, "highest"), (True, "highest")):

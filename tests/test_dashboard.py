@@ -17,7 +17,7 @@ from conftest import FAST, knobtune, script_study, stored
 from recorded import rebuild
 from test_tuned import STUDY as OWN_STUDY
 
-from search import artifacts, notes, story
+from knobtune.search import artifacts, notes, story
 
 WORKLOADS = Path(__file__).resolve().parent / "workloads"
 
@@ -186,7 +186,7 @@ def test_the_dashboard_shows_the_story_metric_and_artifacts_in_chromium(watched:
 
     chromium_or_skip()
     port = _free_port()
-    server = subprocess.Popen([sys.executable, "-m", "search.cli", "dashboard", "--port", str(port)], cwd=watched,
+    server = subprocess.Popen([sys.executable, "-m", "knobtune", "dashboard", "--port", str(port)], cwd=watched,
                               stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
     try:
         deadline = time.monotonic() + 60

@@ -6,8 +6,8 @@ from pathlib import Path
 import pytest
 
 from conftest import ROOT, knobtune, study_file
-from search import definition
-from search.errors import UserError
+from knobtune.search import definition
+from knobtune.search.errors import UserError
 
 HEAD = '[study]\nframework = "pytorch"\nworkload = "digits-mlp"\n'
 
@@ -85,8 +85,8 @@ def test_unknown_framework_and_workload_list_the_builtins():
 
 
 def test_builtin_names_match_the_trainer_registry():
-    from trainers.common.builtins import BUILTIN_WORKLOADS
-    from trainers.pytorch.builtin import WORKLOADS
+    from knobtune.trainers.common.builtins import BUILTIN_WORKLOADS
+    from knobtune.trainers.pytorch.builtin import WORKLOADS
 
     assert sorted(WORKLOADS) == sorted(BUILTIN_WORKLOADS["pytorch"])
 

@@ -8,7 +8,7 @@ from pathlib import Path
 
 import yaml
 
-from search.cli import parser
+from knobtune.search.cli import parser
 
 ROOT = Path(__file__).resolve().parent.parent
 

@@ -16,9 +16,9 @@ from typing import Any
 import psutil
 import pytest
 
-from search import forkserver
-from search.runner import group_members, run_child
-from spaces import for_framework
+from knobtune.search import forkserver
+from knobtune.search.runner import group_members, run_child
+from knobtune.spaces import for_framework
 
 ROOT = Path(__file__).resolve().parent.parent
 BURST = {"train_samples": 640, "warmup_samples": 64, "windows": 3, "seed": 0}
@@ -98,8 +98,8 @@ def test_a_dead_server_takes_its_child_and_the_next_trial_gets_a_new_one():
 PARENT = """
 import sys
 sys.path.insert(0, {root!r})
-from search.runner import run_child
-from spaces import for_framework
+from knobtune.search.runner import run_child
+from knobtune.spaces import for_framework
 knobs = for_framework("pytorch").defaults({ctx!r})
 run_child("pytorch", "burst", {{"workload": "kt_test_workloads:sleepy", "workload_options": {{}}, "knobs": knobs,
           "burst": {burst!r}}}, 120)
@@ -116,7 +116,7 @@ def test_a_killed_parent_leaves_neither_server_nor_child(tmp_path: Path):
 
         wait_for(lambda: any(p.name() == "kt-burst" for p in family()), 60, "the forked child")
         kin = family()
-        assert any("trainers.common.forkserver" in " ".join(p.cmdline()) for p in kin)
+        assert any("knobtune.trainers.common.forkserver" in " ".join(p.cmdline()) for p in kin)
         parent.kill()
         parent.wait()
         wait_for(lambda: not [p for p in kin if p.is_running() and p.status() != psutil.STATUS_ZOMBIE], 15,

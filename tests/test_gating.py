@@ -4,7 +4,7 @@ from __future__ import annotations
 import pytest
 
 from conftest import torch_cuda
-from search.runner import run_child
+from knobtune.search.runner import run_child
 
 ON_CUDA = torch_cuda()
 
@@ -16,7 +16,7 @@ def test_probe_on_cpu_offers_no_cuda_knobs():
     hw = child.data["fingerprint"]["hardware"]
     assert hw == {**hw, "device": "cpu", "cuda": False, "fp16": False}
     assert child.data["workload"]["conv"] is True and child.data["workload"]["parameters"] > 100_000
-    from spaces import for_framework
+    from knobtune.spaces import for_framework
 
     offer = for_framework("pytorch").offer({"hardware": hw, "workload": child.data["workload"]}, {}, {})
     assert set(offer.unavailable) == {"pin_memory", "cudnn_benchmark", "cudnn_deterministic", "matmul_precision",
@@ -31,7 +31,7 @@ def test_probe_on_cpu_offers_no_cuda_knobs():
 
 @pytest.mark.skipif(ON_CUDA, reason="checks the CPU-only gating")
 def test_cuda_only_values_are_refused_by_the_child_on_cpu():
-    from spaces import for_framework
+    from knobtune.spaces import for_framework
 
     ctx = {"hardware": {"cuda": False, "bf16": True, "usable_cores": 2}, "workload": {"batch_size": 32}}
     knobs = {**for_framework("pytorch").defaults(ctx), "amp": "fp16"}
@@ -46,7 +46,7 @@ def test_tensorflow_probe_on_cpu_gates_the_gpu_thread_mode_off_and_says_why():
     child = run_child("tensorflow", "probe", {"workload": "digits-mlp"}, 180)
     assert child.outcome != "crash", child.failure
     hw = child.data["fingerprint"]["hardware"]
-    from spaces import for_framework
+    from knobtune.spaces import for_framework
 
     offer = for_framework("tensorflow").offer({"hardware": hw, "workload": child.data["workload"]}, {}, {})
     assert hw["gpu"] is False and "no GPU" in offer.unavailable["gpu_thread_mode"]

@@ -13,8 +13,8 @@ from typing import Any
 import pytest
 
 from conftest import WORKLOADS, knobtune, study_file
-from search.runner import run_child
-from spaces import for_framework
+from knobtune.search.runner import run_child
+from knobtune.spaces import for_framework
 
 CPU_CTX = {"hardware": {"cuda": False, "bf16": True, "usable_cores": 2}, "workload": {"batch_size": 32}}
 BURST = {"train_samples": 640, "warmup_samples": 64, "windows": 3, "seed": 0}
@@ -148,7 +148,7 @@ def test_an_old_torch_is_one_clear_error(tmp_path: Path, monkeypatch: pytest.Mon
 
 
 def test_version_parsing():
-    from trainers.common.versions import REQUIREMENTS, parse, too_old
+    from knobtune.trainers.common.versions import REQUIREMENTS, parse, too_old
 
     torch_req = REQUIREMENTS["pytorch"][0]
     assert parse("2.13.0+cpu") == (2, 13, 0) and parse("2.5.0a0+git1234") == (2, 5, 0)

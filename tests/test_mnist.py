@@ -6,10 +6,10 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from search.runner import run_child
-from spaces import for_framework
-from trainers.common import idx
-from trainers.common.errors import WorkloadError
+from knobtune.search.runner import run_child
+from knobtune.spaces import for_framework
+from knobtune.trainers.common import idx
+from knobtune.trainers.common.errors import WorkloadError
 
 CTX = {"hardware": {"cuda": False, "bf16": True, "usable_cores": 2}, "workload": {"batch_size": 64}}
 

@@ -13,9 +13,9 @@ from typing import Any
 import pytest
 
 from recorded import DATA
-from search.definition import from_dict
-from search.runner import run_child
-from spaces import for_framework
+from knobtune.search.definition import from_dict
+from knobtune.search.runner import run_child
+from knobtune.spaces import for_framework
 
 BURST = {"train_samples": 640, "warmup_samples": 64, "windows": 3, "seed": 0}
 NEW = {"pytorch": ("optimizer_impl", "dataloader_in_order", "expandable_segments"),

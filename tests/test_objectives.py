@@ -10,8 +10,8 @@ import optuna
 import pytest
 
 from conftest import FAST, TINY_BURST, knobtune, study_file
-from search import definition, results
-from search.errors import UserError
+from knobtune.search import definition, results
+from knobtune.search.errors import UserError
 
 
 
@@ -117,7 +117,7 @@ def test_pruning_stops_a_slow_trial(tmp_path: Path):
 
 
 def test_winner_rule_pairs_rounds_and_keeps_the_baseline_unless_beaten_consistently():
-    from search.confirm import choose_winner
+    from knobtune.search.confirm import choose_winner
 
     def runs(*values: float) -> list[dict]:
         return [{"value": v} for v in values]

@@ -10,8 +10,8 @@ import optuna
 import pytest
 from conftest import FAST, TINY_BURST, knobtune, study_file
 
-from search import partition
-from search.errors import UserError
+from knobtune.search import partition
+from knobtune.search.errors import UserError
 
 STUDY = """
 [study]

@@ -5,8 +5,8 @@ import math
 
 import pytest
 
-from trainers.common.errors import InvalidKnobs
-from trainers.common.protocol import BurstSpec, GuardReading, drive, make_schedule
+from knobtune.trainers.common.errors import InvalidKnobs
+from knobtune.trainers.common.protocol import BurstSpec, GuardReading, drive, make_schedule
 
 
 @pytest.mark.parametrize("batch, accum", [(32, 1), (64, 1), (64, 2), (100, 4), (512, 1), (7, 3)])

@@ -13,9 +13,9 @@ import pytest
 from browser import browser_page, rendered_plots
 from conftest import knobtune
 from recorded import rebuild
-from search import charts, compare, report, results, story
-from search.cli import parser
-from search.errors import UserError
+from knobtune.search import charts, compare, report, results, story
+from knobtune.search.cli import parser
+from knobtune.search.errors import UserError
 
 RECORDED = ("story", "pareto", "mlp-pytorch", "mlp-tensorflow")
 STUDY_CHARTS = ("history", "accuracy", "slices", "importances", "confirmation", "ceilings")

@@ -3,7 +3,7 @@ from __future__ import annotations
 
 import random
 
-from spaces import for_framework
+from knobtune.spaces import for_framework
 
 ADAM = {"optimizer": "Adam", "optimizer_impls": ["default", "foreach", "fused"]}  # as the probe tried it
 CPU = {"hardware": {"device": "cpu", "cuda": False, "bf16": True, "usable_cores": 2, "loader_in_order": True},

@@ -7,8 +7,8 @@ from pathlib import Path
 import pytest
 
 from conftest import knobtune
-from search.errors import UserError
-from search.storage import DEFAULT_URL, open_storage, redact, resolve_url
+from knobtune.search.errors import UserError
+from knobtune.search.storage import DEFAULT_URL, open_storage, redact, resolve_url
 
 
 def test_resolution_order(monkeypatch: pytest.MonkeyPatch):

@@ -10,9 +10,9 @@ import optuna
 import pytest
 
 from conftest import FAST, TINY_BURST, knobtune, study_file
-from search.errors import UserError
-from search.runner import run_child
-from spaces import for_framework
+from knobtune.search.errors import UserError
+from knobtune.search.runner import run_child
+from knobtune.spaces import for_framework
 
 pytestmark = pytest.mark.tensorflow
 BURST = {"train_samples": 640, "warmup_samples": 64, "windows": 3, "seed": 0}
@@ -134,8 +134,8 @@ def test_corrupt_and_missing_tfrecords_are_named(tmp_path: Path):
 
 
 def test_tensorflow_missing_is_explained(monkeypatch: pytest.MonkeyPatch):
-    from search import probe
-    from trainers.common import builtins
+    from knobtune.search import probe
+    from knobtune.trainers.common import builtins
 
     monkeypatch.setitem(builtins.FRAMEWORK_MODULES, "tensorflow", "tensorflow_absent_for_this_test")
     with pytest.raises(UserError, match=r"pip install 'knobtune\[tensorflow\]' \(tensorflow-cpu==2.21.0"):

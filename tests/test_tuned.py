@@ -119,7 +119,7 @@ def test_another_machine_warns_and_unusable_knobs_fall_back(tmp_path: Path):
     live = stats(proc)
     assert live["knobs"]["amp"] == "off" and live["knobs"]["batch_size"] == 16
     # strict: the fall-back is an error
-    strict = subprocess.run([sys.executable, "-c", "from trainers.pytorch import Tuned; "
+    strict = subprocess.run([sys.executable, "-c", "from knobtune.pytorch import Tuned; "
                              f"Tuned.load({str(tmp_path / 'gpu.json')!r}, strict=True)"],
                             cwd=tmp_path, capture_output=True, text=True, timeout=120)
     assert strict.returncode != 0 and "strict=True refuses to fall back" in strict.stderr
@@ -173,7 +173,7 @@ def test_knobs_the_script_never_exercises_are_not_applied_nor_searched(tmp_path:
 
 
 def test_nan_guard_stops_a_script_whose_loss_goes_non_finite(tmp_path: Path):
-    from search.runner import run_child
+    from knobtune.search.runner import run_child
 
     request = {"script": str(SCRIPT), "args": ["--nan-after", "5", "--epochs", "50"],
                "knobs": {"batch_size": 32}, "burst": {"train_samples": 640, "warmup_samples": 64, "windows": 3}}
@@ -185,7 +185,7 @@ def test_nan_guard_stops_a_script_whose_loss_goes_non_finite(tmp_path: Path):
 
 
 def test_dict_batches_are_counted_by_their_batch_dimension():
-    from search.runner import run_child
+    from knobtune.search.runner import run_child
 
     request = {"script": str(SCRIPT), "args": ["--dict"], "knobs": {"batch_size": 16},
                "burst": {"train_samples": 320, "warmup_samples": 32, "windows": 2}}
@@ -195,7 +195,7 @@ def test_dict_batches_are_counted_by_their_batch_dimension():
 
 
 def test_a_workload_yielding_dict_batches_is_refused_in_one_line(tmp_path: Path):
-    from search.runner import run_child
+    from knobtune.search.runner import run_child
 
     request = {"workload": "kt_test_workloads:dict_batches", "knobs": {"batch_size": 16},
                "burst": {"train_samples": 320, "warmup_samples": 32, "windows": 2}}
@@ -227,7 +227,7 @@ def test_watchdog_warns_when_production_stays_below_the_confirmed_rate(tmp_path:
 def test_watchdog_judges_sustained_intervals_only():
     import logging
 
-    from trainers.common.production import Watchdog, WatchdogSettings, log
+    from knobtune.trainers.common.production import Watchdog, WatchdogSettings, log
 
     now = [0.0]
     syncs = []
@@ -269,7 +269,7 @@ def test_watchdog_judges_sustained_intervals_only():
 
 
 def test_watchdog_leaves_out_intervals_that_recompiled():
-    from trainers.common.production import Watchdog, WatchdogSettings
+    from knobtune.trainers.common.production import Watchdog, WatchdogSettings
 
     now, graphs = [0.0], [0]
     dog = Watchdog(96.0, WatchdogSettings(interval_s=1.0, margin=0.2, patience=1), lambda: None,
@@ -303,7 +303,7 @@ def test_watchdog_leaves_out_intervals_that_recompiled():
 def test_compilations_counts_dynamo_graphs_recompilations_included():
     code = """
 import sys, torch
-from trainers.pytorch.compiled import compilations
+from knobtune.trainers.pytorch.compiled import compilations
 assert compilations() == 0 and "torch._dynamo.utils" not in sys.modules  # reading it imports nothing
 f = torch.compile(lambda x: x * 2 + 1, backend="eager", dynamic=False)
 f(torch.ones(3)); f(torch.ones(3))
@@ -317,7 +317,7 @@ print(compilations())
 
 
 def test_time_to_accuracy_evaluates_between_windows_through_the_script():
-    from search.runner import run_child
+    from knobtune.search.runner import run_child
 
     request = {"script": str(SCRIPT), "knobs": {"batch_size": 32}, "target_accuracy": 0.3,
                "burst": {"train_samples": 1280, "warmup_samples": 64, "windows": 10}}
@@ -333,7 +333,7 @@ def test_batches_of_namedtuples_and_mappings_move_and_count():
     code = """
 from collections import UserDict, namedtuple
 import torch
-from trainers.pytorch.tuned import count, to_device
+from knobtune.trainers.pytorch.tuned import count, to_device
 Pair = namedtuple("Pair", "x y")
 moved = to_device(Pair(torch.zeros(4, 3), torch.ones(4)), torch.device("cpu"), False)
 encoding = UserDict({"input_ids": torch.zeros(5, 7, dtype=torch.long), "labels": torch.ones(5)})

@@ -108,7 +108,7 @@ def test_exports_refused_fallen_back_or_absent(tmp_path: Path):
     live = stats(proc)
     assert live["knobs"]["mixed_precision"] == "float32" and live["knobs"]["batch_size"] == 16
     assert live["knobs"]["prefetch"] == 2
-    strict = subprocess.run([sys.executable, "-c", "from trainers.tensorflow import Tuned; "
+    strict = subprocess.run([sys.executable, "-c", "from knobtune.tensorflow import Tuned; "
                              f"Tuned.load({str(tmp_path / 'gpu.json')!r}, strict=True)"],
                             cwd=tmp_path, capture_output=True, text=True, timeout=120)
     assert strict.returncode != 0 and "strict=True refuses to fall back" in strict.stderr

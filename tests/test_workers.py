@@ -18,8 +18,8 @@ from conftest import TINY_BURST, knobtune, study_file
 from optuna.trial import TrialState
 from pg import PASSWORD, PostgresServer
 
-from search import partition, workers
-from search.lease import Lease
+from knobtune.search import partition, workers
+from knobtune.search.lease import Lease
 
 STUDY = """
 [study]
@@ -69,7 +69,7 @@ def worker(path: Path | None, url: str, *extra: str, log: str, core: int | None 
     """A ``knobtune worker`` in the background, pinned to ``core`` (as if it were a machine of its
     own: its children inherit the affinity); its output goes to ``log`` and ``log.err``."""
     cwd = cwd or path.parent  # type: ignore[union-attr]
-    cmd = [sys.executable, "-m", "search.cli", "worker", *([str(path)] if path else []), "--storage", url, *extra]
+    cmd = [sys.executable, "-m", "knobtune", "worker", *([str(path)] if path else []), "--storage", url, *extra]
     def start() -> None:
         # SIGINT as at a terminal: a suite started in the background (CI, `make test &`) ignores it
         signal.signal(signal.SIGINT, signal.SIG_DFL)
@@ -301,7 +301,7 @@ def test_patience_with_a_lost_database_is_bounded_and_redacted():
 def test_a_study_left_half_created_is_taken_up(tmp_path: Path):
     # a worker that died (or lost the database) between creating the study and writing its
     # attributes leaves an empty study: the next one completes it instead of calling it foreign
-    from search import definition, storage, study as study_mod
+    from knobtune.search import definition, storage, study as study_mod
 
     path = study_file(tmp_path, STUDY.format(workload="kt_test_workloads:tiny", trials=3, burst=TINY_BURST, extra=""))
     parsed = definition.load(path)

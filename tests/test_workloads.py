@@ -8,10 +8,10 @@ from typing import Any
 import numpy as np
 import pytest
 
-from search.runner import run_child
-from spaces import for_framework
-from trainers.common import text
-from trainers.common.errors import WorkloadError
+from knobtune.search.runner import run_child
+from knobtune.spaces import for_framework
+from knobtune.trainers.common import text
+from knobtune.trainers.common.errors import WorkloadError
 
 CTX = {"hardware": {"cuda": False, "gpu": False, "bf16": True, "usable_cores": 2}, "workload": {"batch_size": 32}}
 LEARN_BURST = {"train_samples": 3000, "warmup_samples": 600, "windows": 3, "seed": 0}

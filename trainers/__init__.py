@@ -1,5 +1,5 @@
 """Framework trainers. Each sub-package (pytorch, tensorflow) is run as a child process.
 
-Only ``trainers.<framework>`` imports a framework; ``trainers.common`` is framework-free and is
-shared by both trainers and by the engine.
+Only ``knobtune.trainers.<framework>`` imports a framework; ``knobtune.trainers.common`` is
+framework-free and is shared by both trainers and by the engine.
 """

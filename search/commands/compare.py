@@ -5,9 +5,9 @@ import argparse
 import sys
 import textwrap
 
-from search.compare import compare
-from search.export import load_existing
-from search.storage import open_storage, resolve_url
+from knobtune.search.compare import compare
+from knobtune.search.export import load_existing
+from knobtune.search.storage import open_storage, resolve_url
 
 
 def add(subparsers: argparse._SubParsersAction) -> None:

@@ -3,8 +3,8 @@ from __future__ import annotations
 
 import argparse
 
-from search.dashboard import serve
-from search.storage import resolve_url
+from knobtune.search.dashboard import serve
+from knobtune.search.storage import resolve_url
 
 
 def add(subparsers: argparse._SubParsersAction) -> None:

@@ -7,13 +7,13 @@ from dataclasses import replace
 
 import optuna
 
-from search import definition, partition, results
-from search.diagnose import diagnose_study, line
-from search.partition import Partition
-from search.export import load_existing, study_names
-from search.probe import probe_study
-from search.storage import open_storage, resolve_url
-from search.study import make_plan
+from knobtune.search import definition, partition, results
+from knobtune.search.diagnose import diagnose_study, line
+from knobtune.search.partition import Partition
+from knobtune.search.export import load_existing, study_names
+from knobtune.search.probe import probe_study
+from knobtune.search.storage import open_storage, resolve_url
+from knobtune.search.study import make_plan
 
 
 def add(subparsers: argparse._SubParsersAction) -> None:

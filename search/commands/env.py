@@ -5,7 +5,7 @@ import argparse
 import json
 import sys
 
-from search.envreport import collect, render
+from knobtune.search.envreport import collect, render
 
 
 def add(subparsers: argparse._SubParsersAction) -> None:

@@ -6,11 +6,11 @@ import json
 import sys
 from pathlib import Path
 
-from search.errors import UserError
-from search.export import best_config, load_existing
-from search.results import PICKS
-from search.snippet import snippet
-from search.storage import open_storage, resolve_url
+from knobtune.search.errors import UserError
+from knobtune.search.export import best_config, load_existing
+from knobtune.search.results import PICKS
+from knobtune.search.snippet import snippet
+from knobtune.search.storage import open_storage, resolve_url
 
 
 def add(subparsers: argparse._SubParsersAction) -> None:

@@ -5,9 +5,9 @@ import argparse
 import sys
 from pathlib import Path
 
-from search.errors import UserError
-from search.export import load_existing
-from search.storage import open_storage, resolve_url
+from knobtune.search.errors import UserError
+from knobtune.search.export import load_existing
+from knobtune.search.storage import open_storage, resolve_url
 
 DEFAULT_OUTPUT = "report.html"
 
@@ -41,7 +41,7 @@ def _writable(option: str, value: str | None) -> Path | None:
 
 
 def main(args: argparse.Namespace) -> int:
-    from search import report
+    from knobtune.search import report
 
     output = _writable("-o", args.output or (None if args.csv else DEFAULT_OUTPUT))
     csv = _writable("--csv", args.csv)

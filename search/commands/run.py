@@ -4,8 +4,8 @@ from __future__ import annotations
 import argparse
 from dataclasses import replace
 
-from search import definition, study
-from search.errors import UserError
+from knobtune.search import definition, study
+from knobtune.search.errors import UserError
 
 
 def _positive_int(text: str) -> int:

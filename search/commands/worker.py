@@ -3,12 +3,12 @@ from __future__ import annotations
 
 import argparse
 
-from search import definition, study
-from search.commands.run import _positive_float, _positive_int, checked, search_args, warm_started
-from search.errors import UserError
-from search.export import load_existing, study_names
-from search.storage import open_storage, redact, resolve_url
-from search.workers import Sharing
+from knobtune.search import definition, study
+from knobtune.search.commands.run import _positive_float, _positive_int, checked, search_args, warm_started
+from knobtune.search.errors import UserError
+from knobtune.search.export import load_existing, study_names
+from knobtune.search.storage import open_storage, redact, resolve_url
+from knobtune.search.workers import Sharing
 
 
 def add(subparsers: argparse._SubParsersAction) -> None:

@@ -9,9 +9,9 @@ from typing import Any
 import torch
 from torch.utils._python_dispatch import TorchDispatchMode
 
-from spaces import for_framework
-from trainers.pytorch.tuned import LossGuard, Tuned, for_request
-from trainers.pytorch.workload import load
+from knobtune.spaces import for_framework
+from knobtune.trainers.pytorch.tuned import LossGuard, Tuned, for_request
+from knobtune.trainers.pytorch.workload import load
 
 BURST = {"train_samples": 2048, "warmup_samples": 64, "windows": 3, "seed": 0}
 

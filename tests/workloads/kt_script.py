@@ -13,10 +13,10 @@ from torch import nn
 from torch.utils.data import Dataset
 
 from kt_test_workloads import DictDigits
-from trainers.common import digits
-from trainers.pytorch import Tuned
-from trainers.pytorch.data import PngDigits
-from trainers.pytorch.models import mlp
+from knobtune.trainers.common import digits
+from knobtune.pytorch import Tuned
+from knobtune.trainers.pytorch.data import PngDigits
+from knobtune.trainers.pytorch.models import mlp
 
 
 def main() -> None:

@@ -11,10 +11,10 @@ import torch
 from torch import nn
 from torch.utils.data import Dataset
 
-from trainers.common import digits
-from trainers.pytorch import Workload
-from trainers.pytorch.data import PngDigits
-from trainers.pytorch.models import mlp
+from knobtune.trainers.common import digits
+from knobtune.pytorch import Workload
+from knobtune.trainers.pytorch.data import PngDigits
+from knobtune.trainers.pytorch.models import mlp
 
 
 def tiny(train: int = 320, val: int = 160, batch_size: int = 32, build_model=mlp) -> Workload:

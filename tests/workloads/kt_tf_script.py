@@ -13,12 +13,12 @@ import keras
 import numpy as np
 import tensorflow as tf
 
-from trainers.common import digits
-from trainers.common.paths import cache_dir
-from trainers.tensorflow import Tuned
-from trainers.tensorflow.builtin import _eval_arrays
-from trainers.tensorflow.data import parse_png, random_affine, write_shards
-from trainers.tensorflow.models import mlp
+from knobtune.trainers.common import digits
+from knobtune.trainers.common.paths import cache_dir
+from knobtune.tensorflow import Tuned
+from knobtune.trainers.tensorflow.builtin import _eval_arrays
+from knobtune.trainers.tensorflow.data import parse_png, random_affine, write_shards
+from knobtune.trainers.tensorflow.models import mlp
 
 
 def main() -> None:

@@ -6,12 +6,12 @@ from pathlib import Path
 import keras
 import tensorflow as tf
 
-from trainers.common import digits
-from trainers.common.paths import cache_dir
-from trainers.tensorflow import Workload
-from trainers.tensorflow.builtin import _eval_arrays
-from trainers.tensorflow.data import parse_png, random_affine, write_shards
-from trainers.tensorflow.models import mlp
+from knobtune.trainers.common import digits
+from knobtune.trainers.common.paths import cache_dir
+from knobtune.tensorflow import Workload
+from knobtune.trainers.tensorflow.builtin import _eval_arrays
+from knobtune.trainers.tensorflow.data import parse_png, random_affine, write_shards
+from knobtune.trainers.tensorflow.models import mlp
 
 
 def tiny(train: int = 320, val: int = 160, batch_size: int = 32, shards: int = 4,

@@ -15,7 +15,7 @@ import sys
 from pathlib import Path
 from typing import Any, Callable, NoReturn
 
-from trainers.common.errors import InvalidKnobs, WorkloadError
+from knobtune.trainers.common.errors import InvalidKnobs, WorkloadError
 
 Handler = Callable[[dict[str, Any]], dict[str, Any]]
 
@@ -58,7 +58,7 @@ def main(framework: str, commands: tuple[str, ...], handlers: Callable[[], dict[
          argv: list[str] | None = None) -> NoReturn:
     """Parse the command line, check the framework's version, run the command's handler
     (``handlers()`` imports them, after the check), write the result and exit at once."""
-    from trainers.common import hostinfo, versions
+    from knobtune.trainers.common import hostinfo, versions
 
     parser = argparse.ArgumentParser(prog=f"python -m trainers.{framework}")
     parser.add_argument("command", choices=sorted(commands))

@@ -14,7 +14,7 @@ import shutil
 from dataclasses import dataclass
 from pathlib import Path
 
-from trainers.common.paths import cache_dir
+from knobtune.trainers.common.paths import cache_dir
 
 VERSION = "digits-28-v1"
 SIZE = 28

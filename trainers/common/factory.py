@@ -5,7 +5,7 @@ import importlib
 import inspect
 from typing import Any, Callable
 
-from trainers.common.errors import WorkloadError
+from knobtune.trainers.common.errors import WorkloadError
 
 
 def import_factory(spec: str) -> Callable[..., Any]:

@@ -1,4 +1,4 @@
-"""The warm start for trial children: ``python -m trainers.common.forkserver FRAMEWORK``.
+"""The warm start for trial children: ``python -m knobtune.trainers.common.forkserver FRAMEWORK``.
 
 A long-lived server imports the framework and every module a trial imports, once, then forks a
 fresh child per request. It initialises nothing that cannot survive a fork: no tensor is made, no
@@ -54,8 +54,8 @@ def _prctl(option: int, value: Any) -> None:
 def warm(framework: str) -> dict[str, Any]:
     """Import what every trial of ``framework`` imports (nothing runs); returns the trainer's
     ``__main__`` module. An old or broken framework is left for the child to report."""
-    entry = importlib.import_module(f"trainers.{framework}.__main__")
-    from trainers.common import versions
+    entry = importlib.import_module(f"knobtune.trainers.{framework}.__main__")
+    from knobtune.trainers.common import versions
 
     if versions.check(framework) is None:
         entry.handlers()
@@ -117,9 +117,9 @@ def _become_child(framework: str, state: dict[str, Any], request: dict[str, Any]
         for name, value in state["imports_set"].items():
             os.environ.setdefault(name, value)
         sys.path[0] = request["cwd"]
-        sys.argv = [f"trainers.{framework}", *request["argv"]]
+        sys.argv = [f"knobtune.trainers.{framework}", *request["argv"]]
         _reseed()
-        from trainers.common import child
+        from knobtune.trainers.common import child
 
         child.STARTED = "forked"
         entry = state["entry"]
@@ -212,5 +212,5 @@ def serve(framework: str) -> int:
 
 if __name__ == "__main__":
     if len(sys.argv) != 2:
-        sys.exit(f"usage: python -m trainers.common.forkserver FRAMEWORK (got {sys.argv[1:]})")
+        sys.exit(f"usage: python -m knobtune.trainers.common.forkserver FRAMEWORK (got {sys.argv[1:]})")
     sys.exit(serve(sys.argv[1]))

@@ -7,7 +7,7 @@ from pathlib import Path
 
 import numpy as np
 
-from trainers.common.errors import WorkloadError
+from knobtune.trainers.common.errors import WorkloadError
 
 IMAGES_MAGIC = 0x00000803
 LABELS_MAGIC = 0x00000801

@@ -20,7 +20,7 @@ import time
 from dataclasses import dataclass, field
 from typing import Any, Callable
 
-from trainers.common.errors import InvalidKnobs
+from knobtune.trainers.common.errors import InvalidKnobs
 
 
 @dataclass(frozen=True)

@@ -13,7 +13,7 @@ import sys
 from pathlib import Path
 from typing import Any, Iterator, Mapping
 
-from trainers.common.errors import WorkloadError
+from knobtune.trainers.common.errors import WorkloadError
 
 
 class ScriptDone(BaseException):

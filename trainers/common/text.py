@@ -22,9 +22,9 @@ from pathlib import Path
 
 import numpy as np
 
-from trainers.common.errors import WorkloadError
-from trainers.common.factory import require_ints
-from trainers.common.paths import cache_dir
+from knobtune.trainers.common.errors import WorkloadError
+from knobtune.trainers.common.factory import require_ints
+from knobtune.trainers.common.paths import cache_dir
 
 VERSION = "charlm-v1"
 VOCAB = 128

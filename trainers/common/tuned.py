@@ -13,11 +13,11 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Callable, ClassVar
 
-from trainers.common import production, script
-from trainers.common.errors import WorkloadError
-from trainers.common.production import ConfigError, Watchdog, log
-from trainers.common.protocol import BurstRecord, BurstSpec, Schedule, WindowTimer
-from trainers.common.script import ScriptDone
+from knobtune.trainers.common import production, script
+from knobtune.trainers.common.errors import WorkloadError
+from knobtune.trainers.common.production import ConfigError, Watchdog, log
+from knobtune.trainers.common.protocol import BurstRecord, BurstSpec, Schedule, WindowTimer
+from knobtune.trainers.common.script import ScriptDone
 
 TRIAL_ROLES = ("trial", "diagnose")
 

@@ -4,12 +4,12 @@ from __future__ import annotations
 from functools import partial
 from typing import Callable
 
-from trainers.common import digits, idx, text
-from trainers.common.factory import check_charlm, require_ints
-from trainers.pytorch import models
-from trainers.pytorch.data import ArrayImages, PngDigits
-from trainers.pytorch.text import TokenWindows, token_cross_entropy
-from trainers.pytorch.workload import Workload
+from knobtune.trainers.common import digits, idx, text
+from knobtune.trainers.common.factory import check_charlm, require_ints
+from knobtune.trainers.pytorch import models
+from knobtune.trainers.pytorch.data import ArrayImages, PngDigits
+from knobtune.trainers.pytorch.text import TokenWindows, token_cross_entropy
+from knobtune.trainers.pytorch.workload import Workload
 
 
 def _digits(name: str, build_model: Callable[[], object]) -> Workload:

@@ -8,11 +8,11 @@ from typing import Any
 import torch
 from torch.utils.data import DataLoader
 
-from trainers.common.errors import WorkloadError
-from trainers.common.tuned import run_request
-from trainers.pytorch.faults import oom_reason
-from trainers.pytorch.tuned import Tuned, for_request, to_device
-from trainers.pytorch.workload import Workload, accuracy, load
+from knobtune.trainers.common.errors import WorkloadError
+from knobtune.trainers.common.tuned import run_request
+from knobtune.trainers.pytorch.faults import oom_reason
+from knobtune.trainers.pytorch.tuned import Tuned, for_request, to_device
+from knobtune.trainers.pytorch.workload import Workload, accuracy, load
 
 
 def pair(batch: Any, name: str) -> tuple[Any, Any]:

@@ -10,9 +10,9 @@ import torch
 from PIL import Image
 from torch.utils.data import Dataset, Sampler
 
-from trainers.common.augment import random_affine
-from trainers.common.digits import Sample
-from trainers.common.errors import WorkloadError
+from knobtune.trainers.common.augment import random_affine
+from knobtune.trainers.common.digits import Sample
+from knobtune.trainers.common.errors import WorkloadError
 
 
 class Draw(int):

@@ -6,7 +6,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from trainers.pytorch import burst
+from knobtune.trainers.pytorch import burst
 
 
 def run(request: dict[str, Any]) -> dict[str, Any]:

@@ -5,8 +5,8 @@ from typing import Any
 
 import torch
 
-from trainers.common import hostinfo
-from trainers.pytorch.knobs import loader_in_order
+from knobtune.trainers.common import hostinfo
+from knobtune.trainers.pytorch.knobs import loader_in_order
 
 
 def fingerprint() -> dict[str, Any]:

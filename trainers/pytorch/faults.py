@@ -6,7 +6,7 @@ from typing import Iterable
 
 import torch
 
-from trainers.common import faults
+from knobtune.trainers.common import faults
 
 MARKERS = (*faults.ALLOCATION_FAILURES, "CUFFT_ALLOC_FAILED")
 

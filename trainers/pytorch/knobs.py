@@ -12,9 +12,9 @@ from typing import Any, ContextManager
 import torch
 from torch.utils.data import DataLoader
 
-from trainers.common import hostinfo
-from trainers.common.errors import InvalidKnobs
-from trainers.pytorch import compiled
+from knobtune.trainers.common import hostinfo
+from knobtune.trainers.common.errors import InvalidKnobs
+from knobtune.trainers.pytorch import compiled
 
 AMP_DTYPES = {"bf16": torch.bfloat16, "fp16": torch.float16}
 COMPILE_MODES = ("off", "default", "reduce-overhead", "max-autotune")

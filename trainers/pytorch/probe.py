@@ -7,12 +7,12 @@ from typing import Any
 
 import torch
 
-from trainers.common import script
-from trainers.common.child import probe_handler
-from trainers.pytorch import env
-from trainers.pytorch.knobs import has_conv, optimizer_impls
-from trainers.pytorch.tuned import for_request
-from trainers.pytorch.workload import load
+from knobtune.trainers.common import script
+from knobtune.trainers.common.child import probe_handler
+from knobtune.trainers.pytorch import env
+from knobtune.trainers.pytorch.knobs import has_conv, optimizer_impls
+from knobtune.trainers.pytorch.tuned import for_request
+from knobtune.trainers.pytorch.workload import load
 
 
 def _shape(sample: Any) -> list[int] | None:

@@ -29,15 +29,15 @@ import numpy as np
 import torch
 from torch.utils.data import DataLoader, IterableDataset
 
-from trainers.common import production
-from trainers.common.errors import InvalidKnobs, WorkloadError
-from trainers.common.production import Watchdog, WatchdogSettings, log
-from trainers.common.protocol import GuardReading, Schedule, WindowTimer, drive, hooks_from, make_schedule
-from trainers.common.script import ScriptDone, batch_length
-from trainers.common.tuned import TRIAL_ROLES, Trial, TunedBase, export_knobs
-from trainers.pytorch import compiled
-from trainers.pytorch import knobs as K
-from trainers.pytorch.data import SeededSampler
+from knobtune.trainers.common import production
+from knobtune.trainers.common.errors import InvalidKnobs, WorkloadError
+from knobtune.trainers.common.production import Watchdog, WatchdogSettings, log
+from knobtune.trainers.common.protocol import GuardReading, Schedule, WindowTimer, drive, hooks_from, make_schedule
+from knobtune.trainers.common.script import ScriptDone, batch_length
+from knobtune.trainers.common.tuned import TRIAL_ROLES, Trial, TunedBase, export_knobs
+from knobtune.trainers.pytorch import compiled
+from knobtune.trainers.pytorch import knobs as K
+from knobtune.trainers.pytorch.data import SeededSampler
 
 
 _ACTIVE: "Tuned | None" = None  # the trial or probe this child process runs
@@ -177,7 +177,7 @@ class Tuned(TunedBase):
         production.ensure_logging()
         settings = WatchdogSettings.from_env(watchdog_interval, watchdog_margin)
         device = torch.device("cuda" if torch.cuda.is_available() else "cpu")
-        from trainers.pytorch import env
+        from knobtune.trainers.pytorch import env
 
         loaded = export_knobs(path, "pytorch", version_key="torch", fingerprint=env.fingerprint,
                               defaults={**K.DEFAULTS, "batch_size": None},

@@ -8,7 +8,7 @@ import torch
 from torch import nn
 from torch.utils.data import Dataset
 
-from trainers.common.factory import call_factory, resolve
+from knobtune.trainers.common.factory import call_factory, resolve
 
 
 def accuracy(outputs: torch.Tensor, targets: torch.Tensor) -> float:
@@ -48,7 +48,7 @@ class Workload:
 
 
 def _builtins() -> dict[str, Callable[..., Workload]]:
-    from trainers.pytorch import builtin
+    from knobtune.trainers.pytorch import builtin
 
     return builtin.WORKLOADS
 
@@ -56,4 +56,4 @@ def _builtins() -> dict[str, Callable[..., Workload]]:
 def load(name: str, options: dict[str, Any] | None = None) -> Workload:
     """Build the workload called ``name``: a built-in, or ``package.module:factory``."""
     factory = resolve(name, _builtins(), "pytorch")
-    return call_factory(factory, name, options or {}, Workload, "trainers.pytorch.Workload")
+    return call_factory(factory, name, options or {}, Workload, "knobtune.pytorch.Workload")

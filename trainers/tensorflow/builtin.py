@@ -10,12 +10,12 @@ import keras
 import numpy as np
 from PIL import Image
 
-from trainers.common import digits, idx, text
-from trainers.common.factory import check_charlm, require_ints
-from trainers.tensorflow import models
-from trainers.tensorflow.data import digits_shards, mnist_shards, parse_png, parse_raw28, random_affine
-from trainers.tensorflow.text import eval_pairs, parse_window, window_shards
-from trainers.tensorflow.workload import Workload
+from knobtune.trainers.common import digits, idx, text
+from knobtune.trainers.common.factory import check_charlm, require_ints
+from knobtune.trainers.tensorflow import models
+from knobtune.trainers.tensorflow.data import digits_shards, mnist_shards, parse_png, parse_raw28, random_affine
+from knobtune.trainers.tensorflow.text import eval_pairs, parse_window, window_shards
+from knobtune.trainers.tensorflow.workload import Workload
 
 
 def _eval_arrays(samples: list[digits.Sample]) -> tuple[np.ndarray, np.ndarray]:

@@ -13,10 +13,10 @@ from typing import Any
 import keras
 import numpy as np
 
-from trainers.common.tuned import run_request
-from trainers.tensorflow.faults import oom_reason
-from trainers.tensorflow.tuned import Tuned, for_request
-from trainers.tensorflow.workload import Workload, load
+from knobtune.trainers.common.tuned import run_request
+from knobtune.trainers.tensorflow.faults import oom_reason
+from knobtune.trainers.tensorflow.tuned import Tuned, for_request
+from knobtune.trainers.tensorflow.workload import Workload, load
 
 
 def evaluate(workload: Workload, model: keras.Model, batch_size: int) -> float:

@@ -11,8 +11,8 @@ from typing import Any, Callable, Iterable, Sequence
 import numpy as np
 import tensorflow as tf
 
-from trainers.common.augment import MAX_ROTATION_DEG, MAX_SHIFT_PX
-from trainers.common.errors import WorkloadError
+from knobtune.trainers.common.augment import MAX_ROTATION_DEG, MAX_SHIFT_PX
+from knobtune.trainers.common.errors import WorkloadError
 
 SHARDS = 8
 AUTOTUNE = "autotune"
@@ -63,7 +63,7 @@ def parse_png(serialized: tf.Tensor) -> tuple[tf.Tensor, tf.Tensor]:
 
 def mnist_shards(directory: Path, images: np.ndarray, labels: np.ndarray) -> list[str]:
     """MNIST idx arrays as TFRecord shards of raw 28x28 bytes, cached by source path and size."""
-    from trainers.common.paths import cache_dir
+    from knobtune.trainers.common.paths import cache_dir
 
     tag = hashlib.sha1(f"{directory.resolve()}:{images.shape}:{labels.sum()}".encode()).hexdigest()[:12]
     root = cache_dir() / f"mnist-{tag}" / f"tfrecord-{SHARDS}"

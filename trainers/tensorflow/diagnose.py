@@ -8,7 +8,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from trainers.tensorflow import burst
+from knobtune.trainers.tensorflow import burst
 
 
 def run(request: dict[str, Any]) -> dict[str, Any]:

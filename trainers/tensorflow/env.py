@@ -6,7 +6,7 @@ from typing import Any
 import keras
 import tensorflow as tf
 
-from trainers.common import hostinfo
+from knobtune.trainers.common import hostinfo
 
 
 def _gpus() -> list[dict[str, Any]]:

@@ -3,7 +3,7 @@ from __future__ import annotations
 
 import tensorflow as tf
 
-from trainers.common import faults
+from knobtune.trainers.common import faults
 
 MARKERS = (*faults.ALLOCATION_FAILURES, "failed to allocate memory")
 

@@ -11,8 +11,8 @@ from typing import Any
 import keras
 import tensorflow as tf
 
-from trainers.common import hostinfo
-from trainers.common.errors import InvalidKnobs
+from knobtune.trainers.common import hostinfo
+from knobtune.trainers.common.errors import InvalidKnobs
 
 POLICIES = ("float32", "mixed_bfloat16", "mixed_float16")
 LOOPS = ("fit", "custom")

@@ -10,9 +10,9 @@ import keras
 import numpy as np
 import tensorflow as tf
 
-from trainers.common.production import Watchdog, log
-from trainers.common.protocol import GuardReading, Hooks, Schedule, WindowTimer
-from trainers.tensorflow.knobs import inner
+from knobtune.trainers.common.production import Watchdog, log
+from knobtune.trainers.common.protocol import GuardReading, Hooks, Schedule, WindowTimer
+from knobtune.trainers.tensorflow.knobs import inner
 
 GUARD_METRIC = "first_nonfinite_step"
 

@@ -8,12 +8,12 @@ from typing import Any
 import keras
 import numpy as np
 
-from trainers.common import script
-from trainers.common.child import probe_handler
-from trainers.tensorflow import env
-from trainers.tensorflow.data import count_records
-from trainers.tensorflow.tuned import for_request
-from trainers.tensorflow.workload import load
+from knobtune.trainers.common import script
+from knobtune.trainers.common.child import probe_handler
+from knobtune.trainers.tensorflow import env
+from knobtune.trainers.tensorflow.data import count_records
+from knobtune.trainers.tensorflow.tuned import for_request
+from knobtune.trainers.tensorflow.workload import load
 
 
 def _conv(model: keras.Model) -> bool:

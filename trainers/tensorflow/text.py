@@ -7,8 +7,8 @@ from typing import Callable
 import numpy as np
 import tensorflow as tf
 
-from trainers.common.text import Corpus
-from trainers.tensorflow.data import SHARDS, write_shards
+from knobtune.trainers.common.text import Corpus
+from knobtune.trainers.tensorflow.data import SHARDS, write_shards
 
 
 def window_shards(corpus: Corpus) -> list[str]:

@@ -30,16 +30,16 @@ from typing import Any, Callable, Sequence
 import keras
 import tensorflow as tf
 
-from trainers.common.errors import InvalidKnobs, WorkloadError
-from trainers.common.production import ConfigError, Watchdog, WatchdogSettings, ensure_logging, expected_rate, log
-from trainers.common.protocol import BurstRecord, GuardReading, Schedule, drive, hooks_from, make_schedule
-from trainers.common.script import ScriptDone
-from trainers.common.tuned import TRIAL_ROLES, Trial, TunedBase, export_knobs
-from trainers.tensorflow import env
-from trainers.tensorflow import knobs as K
-from trainers.tensorflow.data import (AUTOTUNE, build_pipeline, count_records, describe_pipeline, options_knobs,
+from knobtune.trainers.common.errors import InvalidKnobs, WorkloadError
+from knobtune.trainers.common.production import ConfigError, Watchdog, WatchdogSettings, ensure_logging, expected_rate, log
+from knobtune.trainers.common.protocol import BurstRecord, GuardReading, Schedule, drive, hooks_from, make_schedule
+from knobtune.trainers.common.script import ScriptDone
+from knobtune.trainers.common.tuned import TRIAL_ROLES, Trial, TunedBase, export_knobs
+from knobtune.trainers.tensorflow import env
+from knobtune.trainers.tensorflow import knobs as K
+from knobtune.trainers.tensorflow.data import (AUTOTUNE, build_pipeline, count_records, describe_pipeline, options_knobs,
                                       pipeline_knobs, read_ahead)
-from trainers.tensorflow.loops import CustomStep, FirstNonFinite, FitTimer, WatchdogCallback, with_guard
+from knobtune.trainers.tensorflow.loops import CustomStep, FirstNonFinite, FitTimer, WatchdogCallback, with_guard
 
 LOOP_WHY = ("the script trains through kt.fit (Keras model.fit); loop='custom' is knobtune's own @tf.function "
             "loop for its built-in workloads")

@@ -8,8 +8,8 @@ import keras
 import numpy as np
 import tensorflow as tf
 
-from trainers.common.errors import WorkloadError
-from trainers.common.factory import call_factory, resolve
+from knobtune.trainers.common.errors import WorkloadError
+from knobtune.trainers.common.factory import call_factory, resolve
 
 
 def accuracy(outputs: np.ndarray, targets: np.ndarray) -> float:
@@ -59,7 +59,7 @@ class Workload:
 
 
 def _builtins() -> dict[str, Callable[..., Workload]]:
-    from trainers.tensorflow import builtin
+    from knobtune.trainers.tensorflow import builtin
 
     return builtin.WORKLOADS
 
@@ -67,7 +67,7 @@ def _builtins() -> dict[str, Callable[..., Workload]]:
 def load(name: str, options: dict[str, Any] | None = None) -> Workload:
     """Build the workload called ``name``: a built-in, or ``package.module:factory``."""
     factory = resolve(name, _builtins(), "tensorflow")
-    workload = call_factory(factory, name, options or {}, Workload, "trainers.tensorflow.Workload")
+    workload = call_factory(factory, name, options or {}, Workload, "knobtune.tensorflow.Workload")
     missing = [f for f in workload.train_files if not tf.io.gfile.exists(f)]
     if missing:
         raise WorkloadError(f"workload {name!r}: TFRecord file {missing[0]} does not exist"
