@@ -103,7 +103,7 @@ class Server:
         return self.proc.poll() is None
 
     def start(self, argv: list[str], env: dict[str, str], cwd: str, log: Path) -> "ForkedChild":
-        """Fork a child running ``python -m trainers.<framework> ARGV`` (ServerLost if the server
+        """Fork a child running ``python -m knobtune.trainers.<framework> ARGV`` (ServerLost if the server
         is gone)."""
         request = {"argv": argv, "env": env, "cwd": cwd, "log": str(log)}
         try:

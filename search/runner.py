@@ -163,7 +163,7 @@ def _segments(path: Path) -> list[dict[str, Any]]:
 
 def _start(framework: str, argv: list[str], env: dict[str, str], log_path: Path, placement: Partition | None,
            server: forkserver.Server | None) -> subprocess.Popen[bytes] | forkserver.ForkedChild:
-    """The child, forked from ``server`` (warm) or as a fresh ``python -m trainers.<framework>``."""
+    """The child, forked from ``server`` (warm) or as a fresh ``python -m knobtune.trainers.<framework>``."""
     if server is not None:
         try:
             return server.start(argv, env, os.getcwd(), log_path)
@@ -187,7 +187,7 @@ def run_child(
     placement: Partition | None = None,
     cancel: threading.Event | None = None,
 ) -> ChildResult:
-    """Run ``python -m trainers.<framework> <command>`` on ``request`` and classify the result.
+    """Run ``python -m knobtune.trainers.<framework> <command>`` on ``request`` and classify the result.
 
     ``tick(elapsed_seconds)`` is called while waiting (for progress display). ``watch(segments)``
     sees the windows measured so far; when it returns a reason the child's group is killed and the

@@ -1,6 +1,6 @@
 """The child-process entry point every trainer shares: request JSON in, result JSON out.
 
-``python -m trainers.<framework> COMMAND --request IN.json --result OUT.json``. Exit 0 with a
+``python -m knobtune.trainers.<framework> COMMAND --request IN.json --result OUT.json``. Exit 0 with a
 result (outcome ok, nan, oom or invalid), exit 2 with ``{"error": ...}`` when the user's
 workload is at fault, anything else (a traceback and exit 1, a signal) is a crash that the
 parent classifies from the exit status and the tail of stderr.
@@ -19,7 +19,7 @@ from knobtune.trainers.common.errors import InvalidKnobs, WorkloadError
 
 Handler = Callable[[dict[str, Any]], dict[str, Any]]
 
-# How this process started: "fresh" (python -m trainers.<framework>) or "forked" (from the warm
+# How this process started: "fresh" (python -m knobtune.trainers.<framework>) or "forked" (from the warm
 # server, trainers/common/forkserver.py, which sets it); every result says which.
 STARTED = "fresh"
 
@@ -60,7 +60,7 @@ def main(framework: str, commands: tuple[str, ...], handlers: Callable[[], dict[
     (``handlers()`` imports them, after the check), write the result and exit at once."""
     from knobtune.trainers.common import hostinfo, versions
 
-    parser = argparse.ArgumentParser(prog=f"python -m trainers.{framework}")
+    parser = argparse.ArgumentParser(prog=f"python -m knobtune.trainers.{framework}")
     parser.add_argument("command", choices=sorted(commands))
     parser.add_argument("--request", type=Path, required=True)
     parser.add_argument("--result", type=Path, required=True)

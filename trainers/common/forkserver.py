@@ -4,7 +4,7 @@ A long-lived server imports the framework and every module a trial imports, once
 fresh child per request. It initialises nothing that cannot survive a fork: no tensor is made, no
 CUDA context, no OpenMP or intra-op thread pool, no TensorFlow runtime (importing TensorFlow
 starts none; the only threads an import leaves are OpenBLAS's idle servers, which OpenBLAS
-re-creates after a fork). A child then starts the way a fresh ``python -m trainers.FRAMEWORK``
+re-creates after a fork). A child then starts the way a fresh ``python -m knobtune.trainers.FRAMEWORK``
 process would: its own session and process group, SIGKILL when the server dies, stdin from
 /dev/null, stdout and stderr into its log, the request's environment and working directory,
 fresh random seeds, and the same ``trainers.common.child.main``.
