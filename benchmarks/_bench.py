@@ -11,12 +11,11 @@ from typing import Any, Iterable
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
-from knobtune.search import definition  # noqa: E402
-from knobtune.search.objective import Plan, Report, measure  # noqa: E402
-from knobtune.search.partition import Partition  # noqa: E402
-from knobtune.search.probe import probe  # noqa: E402
+from knobtune.search.launch.partition import Partition  # noqa: E402
+from knobtune.search.launch.probe import probe  # noqa: E402
+from knobtune.search.study import definition  # noqa: E402
+from knobtune.search.study.objective import Measurement, Plan, measure  # noqa: E402
 from knobtune.spaces import for_framework  # noqa: E402
-
 
 STUDY_HEAD = """
 [study]
@@ -64,7 +63,7 @@ def run_study(text: str, url: str, confirm: bool = False, diagnose: bool = False
 
     import optuna
 
-    from knobtune.search import study as study_mod
+    from knobtune.search.study import study as study_mod
 
     d = definition.parse(text, default_name="benchmark")
     start = time.monotonic()
@@ -83,7 +82,7 @@ def plan_for(study_text: str, placement: Partition | None = None) -> Plan:
     return Plan(d, space, space.offer(ctx, d.space, d.baseline), ctx, os.getcwd(), placement)
 
 
-def run_params(plan: Plan, params: dict[str, Any], label: str = "", seed_offset: int = 0) -> Report:
+def run_params(plan: Plan, params: dict[str, Any], label: str = "", seed_offset: int = 0) -> Measurement:
     """Measure one configuration (Optuna-style params) in a child, exactly as a trial does
     (``seed_offset`` re-seeds its initialisation, data order and augmentation)."""
     values = {**plan.space.defaults(plan.ctx, plan.definition.baseline), **params}
@@ -111,7 +110,7 @@ def overhead(plan: Plan, configs: list[dict[str, Any]]) -> dict[str, tuple[float
     """Each configuration measured twice, as a child forked from the warm server and as a fresh
     process, alternately (so drift hits both alike); per way, the overhead (trial wall time minus
     the burst's own) as a fraction of the trial wall time, and in seconds per trial."""
-    from knobtune.search import forkserver
+    from knobtune.search.launch import forkserver
 
     ways = {"warm server": "1", "fresh process": "0"}
     spent: dict[str, list[tuple[float, float]]] = {way: [] for way in ways}

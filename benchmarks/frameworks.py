@@ -29,7 +29,7 @@ PIPELINE = ("cycle_length", "interleave_parallel_calls", "map_parallel_calls", "
 def main() -> int:
     args = arguments(__doc__, trials=16)
 
-    from knobtune.search import results
+    from knobtune.search.story import results
 
     texts = {fw: study_text(f"bench-{fw}", fw, args.trials, args.seed, SPACE) for fw in ("pytorch", "tensorflow")}
     best, base = {}, {}

@@ -59,7 +59,7 @@ def production_rate(config: Path | None, epochs: int, interval: float, cwd: Path
 
 def burst_rate(best: dict, cwd: Path) -> float:
     """The winner measured again as its trials were: one burst of the script in a child process."""
-    from knobtune.search.runner import run_child
+    from knobtune.search.launch.runner import run_child
 
     request = {"script": str(SCRIPT), "args": best.get("args") or [], "knobs": best["knobs"],
                "burst": {**best["burst"], "seed": 0}, "workdir": str(cwd), "lr_scale": best.get("lr_scale") or 1.0}

@@ -20,10 +20,11 @@ import tempfile
 from pathlib import Path
 from typing import Any
 
-from _bench import median, plan_for, run_params, run_study, study_text
+from knobtune.search.launch import partition
+from knobtune.search.story import results
+from knobtune.search.study.objective import final_floor
 
-from knobtune.search import partition, results
-from knobtune.search.objective import final_floor
+from _bench import median, plan_for, run_params, run_study, study_text
 
 # 16 configurations: a 16-trial study does not run out of new ones while two run at once
 SPACE = """batch_size = [32, 64, 128, 256]

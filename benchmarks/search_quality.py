@@ -27,9 +27,9 @@ from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
-from _bench import plan_for, run_params, run_study, space_lines, study_text
+from knobtune.search.study.objective import final_floor
 
-from knobtune.search.objective import final_floor
+from _bench import plan_for, run_params, run_study, space_lines, study_text
 
 SPACES = {
     "pytorch": space_lines("pytorch", {"batch_size": [64, 128, 256, 512], "num_workers": [0, 2],
@@ -95,7 +95,7 @@ def main() -> int:
                 return i
         return None
 
-    from knobtune.search import results
+    from knobtune.search.story import results
 
     found: dict[str, list[float]] = {"knobtune": [], "random": []}
     reach: dict[str, list[int | None]] = {"knobtune": [], "random": []}

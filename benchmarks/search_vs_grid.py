@@ -40,7 +40,7 @@ def main() -> int:
     grid_best_params, grid_best = max(feasible, key=lambda pr: pr[1].samples_per_second or 0)
 
     print(f"\n2. knobtune search, {args.trials} trials", flush=True)
-    from knobtune.search import results
+    from knobtune.search.story import results
 
     with tempfile.TemporaryDirectory() as tmp:
         study, search_wall = run_study(text, f"sqlite:///{Path(tmp) / 'bench.db'}")

@@ -5,7 +5,7 @@ from typing import Any
 
 import pytest
 
-from knobtune.search.runner import group_members, run_child
+from knobtune.search.launch.runner import group_members, run_child
 from knobtune.spaces import for_framework
 
 BURST = {"train_samples": 640, "warmup_samples": 64, "windows": 3, "seed": 0}

@@ -16,8 +16,9 @@ import optuna
 import psutil
 import pytest
 
+from knobtune.search.launch.runner import group_members
+
 from conftest import FAST, TINY_BURST, knobtune, study_file
-from knobtune.search.runner import group_members
 
 STUDY = """
 [study]

@@ -6,7 +6,7 @@ from typing import Any
 
 import pytest
 
-from knobtune.search.runner import run_child
+from knobtune.search.launch.runner import run_child
 from knobtune.spaces import for_framework
 
 pytestmark = pytest.mark.cuda
@@ -120,7 +120,7 @@ def test_forked_children_each_set_up_cuda_and_cudnn_their_own_way():
     import shutil
     import subprocess
 
-    from knobtune.search import forkserver
+    from knobtune.search.launch import forkserver
 
     seen = []
     for benchmark, precision in ((True, "high"), (False, "highest"), (True, "highest")):

@@ -13,11 +13,13 @@ from pathlib import Path
 
 import optuna
 import pytest
-from conftest import FAST, knobtune, script_study, stored
-from recorded import rebuild
 from test_tuned import STUDY as OWN_STUDY
 
-from knobtune.search import artifacts, notes, story
+from knobtune.search.storage import artifacts
+from knobtune.search.story import findings, notes
+
+from conftest import FAST, knobtune, script_study, stored
+from recorded import rebuild
 
 WORKLOADS = Path(__file__).resolve().parent / "workloads"
 
@@ -77,11 +79,11 @@ def test_a_failed_trials_note_has_its_outcome_reason_and_output_tail(tmp_path: P
         user_attrs={"outcome": "timeout", "failure": "no result within timeout_s=120 s; its process group was killed",
                     "output_tail": "loading shard 7 of 9\nwaiting for <the NFS mount>"}))
     trial = study.trials[-1]
-    note = story.to_markdown(story.trial_story(study, trial, url) or [])
+    note = findings.to_markdown(findings.trial_story(study, trial, url) or [])
     assert f"# Trial #{trial.number}: timeout" in note
     assert "**no result within the trial's timeout**: no result within timeout_s=120 s" in note
     assert "```\nloading shard 7 of 9\nwaiting for <the NFS mount>\n```" in note
-    assert "&lt;the NFS mount&gt;" in story.to_html(story.trial_story(study, trial, url) or [])
+    assert "&lt;the NFS mount&gt;" in findings.to_html(findings.trial_story(study, trial, url) or [])
 
 
 def test_the_story_says_why_faster_candidates_lost_to_the_baseline(tmp_path: Path):
@@ -92,7 +94,7 @@ def test_the_story_says_why_faster_candidates_lost_to_the_baseline(tmp_path: Pat
     confirmed = study.user_attrs["confirmed"]
     out = [n for n, median in confirmed["medians"].items() if median is None]
     assert out and confirmed["winner"] == confirmed["baseline"]
-    body = story.to_markdown(story.study_story(study, url))
+    body = findings.to_markdown(findings.study_story(study, url))
     for number in out:
         accuracy = confirmed["mean_accuracies"][number]
         assert f"Trial #{number} was out: its mean val_accuracy over the rounds' seeds, {accuracy:.3f}" in body
@@ -100,15 +102,15 @@ def test_the_story_says_why_faster_candidates_lost_to_the_baseline(tmp_path: Pat
 
 
 def test_markdown_and_html_escape_what_trials_report():
-    blocks: list[story.Block] = [
+    blocks: list[findings.Block] = [
         ("h", "Trial #3: crash"),
         ("p", "**the trial's process failed**: <script>alert(1)</script> at `step 5`"),
         ("table", ["a|b", "c"], [["x|y", "<b>"]]),
         ("code", "Traceback <most recent>"),
     ]
-    md = story.to_markdown(blocks)
+    md = findings.to_markdown(blocks)
     assert md.startswith("# Trial #3: crash") and "| a\\|b | c |" in md and "```\nTraceback <most recent>\n```" in md
-    page = story.to_html(blocks)
+    page = findings.to_html(blocks)
     assert "<script>" not in page and "&lt;script&gt;alert(1)&lt;/script&gt;" in page
     assert "<strong>the trial&#x27;s process failed</strong>" in page and "<code>step 5</code>" in page
     assert "<td>&lt;b&gt;</td>" in page and "<pre>Traceback &lt;most recent&gt;</pre>" in page

@@ -5,9 +5,10 @@ from pathlib import Path
 
 import pytest
 
-from conftest import ROOT, knobtune, study_file
-from knobtune.search import definition
 from knobtune.search.errors import UserError
+from knobtune.search.study import definition
+
+from conftest import ROOT, knobtune, study_file
 
 HEAD = '[study]\nframework = "pytorch"\nworkload = "digits-mlp"\n'
 
@@ -85,7 +86,7 @@ def test_unknown_framework_and_workload_list_the_builtins():
 
 
 def test_builtin_names_match_the_trainer_registry():
-    from knobtune.trainers.common.builtins import BUILTIN_WORKLOADS
+    from knobtune.trainers.common.names import BUILTIN_WORKLOADS
     from knobtune.trainers.pytorch.builtin import WORKLOADS
 
     assert sorted(WORKLOADS) == sorted(BUILTIN_WORKLOADS["pytorch"])

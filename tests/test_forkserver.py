@@ -16,8 +16,8 @@ from typing import Any
 import psutil
 import pytest
 
-from knobtune.search import forkserver
-from knobtune.search.runner import group_members, run_child
+from knobtune.search.launch import forkserver
+from knobtune.search.launch.runner import group_members, run_child
 from knobtune.spaces import for_framework
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -98,7 +98,7 @@ def test_a_dead_server_takes_its_child_and_the_next_trial_gets_a_new_one():
 PARENT = """
 import sys
 sys.path.insert(0, {root!r})
-from knobtune.search.runner import run_child
+from knobtune.search.launch.runner import run_child
 from knobtune.spaces import for_framework
 knobs = for_framework("pytorch").defaults({ctx!r})
 run_child("pytorch", "burst", {{"workload": "kt_test_workloads:sleepy", "workload_options": {{}}, "knobs": knobs,

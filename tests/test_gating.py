@@ -3,8 +3,9 @@ from __future__ import annotations
 
 import pytest
 
+from knobtune.search.launch.runner import run_child
+
 from conftest import torch_cuda
-from knobtune.search.runner import run_child
 
 ON_CUDA = torch_cuda()
 

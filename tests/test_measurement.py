@@ -12,9 +12,10 @@ from typing import Any
 
 import pytest
 
-from conftest import WORKLOADS, knobtune, study_file
-from knobtune.search.runner import run_child
+from knobtune.search.launch.runner import run_child
 from knobtune.spaces import for_framework
+
+from conftest import WORKLOADS, knobtune, study_file
 
 CPU_CTX = {"hardware": {"cuda": False, "bf16": True, "usable_cores": 2}, "workload": {"batch_size": 32}}
 BURST = {"train_samples": 640, "warmup_samples": 64, "windows": 3, "seed": 0}

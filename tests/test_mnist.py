@@ -6,7 +6,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from knobtune.search.runner import run_child
+from knobtune.search.launch.runner import run_child
 from knobtune.spaces import for_framework
 from knobtune.trainers.common import idx
 from knobtune.trainers.common.errors import WorkloadError

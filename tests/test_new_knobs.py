@@ -12,10 +12,11 @@ from typing import Any
 
 import pytest
 
-from recorded import DATA
-from knobtune.search.definition import from_dict
-from knobtune.search.runner import run_child
+from knobtune.search.launch.runner import run_child
+from knobtune.search.study.definition import from_dict
 from knobtune.spaces import for_framework
+
+from recorded import DATA
 
 BURST = {"train_samples": 640, "warmup_samples": 64, "windows": 3, "seed": 0}
 NEW = {"pytorch": ("optimizer_impl", "dataloader_in_order", "expandable_segments"),

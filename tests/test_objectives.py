@@ -9,10 +9,11 @@ from pathlib import Path
 import optuna
 import pytest
 
-from conftest import FAST, TINY_BURST, knobtune, study_file
-from knobtune.search import definition, results
 from knobtune.search.errors import UserError
+from knobtune.search.story import results
+from knobtune.search.study import definition
 
+from conftest import FAST, TINY_BURST, knobtune, study_file
 
 
 def body(name: str, extra_study: str = "", space: str = "batch_size = [16, 32]", extra: str = "",
@@ -117,7 +118,7 @@ def test_pruning_stops_a_slow_trial(tmp_path: Path):
 
 
 def test_winner_rule_pairs_rounds_and_keeps_the_baseline_unless_beaten_consistently():
-    from knobtune.search.confirm import choose_winner
+    from knobtune.search.study.confirm import choose_winner
 
     def runs(*values: float) -> list[dict]:
         return [{"value": v} for v in values]

@@ -8,10 +8,11 @@ from pathlib import Path
 
 import optuna
 import pytest
-from conftest import FAST, TINY_BURST, knobtune, study_file
 
-from knobtune.search import partition
 from knobtune.search.errors import UserError
+from knobtune.search.launch import partition
+
+from conftest import FAST, TINY_BURST, knobtune, study_file
 
 STUDY = """
 [study]

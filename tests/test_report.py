@@ -10,12 +10,13 @@ import optuna
 import pandas as pd
 import pytest
 
+from knobtune.search.cli import parser
+from knobtune.search.errors import UserError
+from knobtune.search.story import charts, compare, findings, htmlreport, results
+
 from browser import browser_page, rendered_plots
 from conftest import knobtune
 from recorded import rebuild
-from knobtune.search import charts, compare, report, results, story
-from knobtune.search.cli import parser
-from knobtune.search.errors import UserError
 
 RECORDED = ("story", "pareto", "mlp-pytorch", "mlp-tensorflow")
 STUDY_CHARTS = ("history", "accuracy", "slices", "importances", "confirmation", "ceilings")
@@ -44,13 +45,13 @@ def run_report(*argv: str) -> None:
 
 def test_report_is_one_offline_file_with_the_story_every_chart_and_every_trial(storage: str):
     study = load(storage, "story")
-    text = report.study_report(study, storage)
+    text = htmlreport.study_report(study, storage)
     from plotly.offline import get_plotlyjs
 
     assert text.count(get_plotlyjs()) == 1  # plotly.js inlined, once
     assert "<script src" not in text and "<link" not in text  # nothing fetched
     # the summary is the dashboard's study note, rendered as HTML
-    assert story.to_html(story.study_story(study, storage)) in text
+    assert findings.to_html(findings.study_story(study, storage)) in text
     for key in STUDY_CHARTS:
         assert f'id="{key}"' in text, key
     assert "Not drawn" not in text
@@ -76,7 +77,7 @@ def test_charts_mark_the_baseline_the_guard_the_rounds_and_the_ceilings(storage:
     floor = base.user_attrs["accuracy_floor"]
     accuracy = drawn["accuracy"].figure
     assert [s.y0 for s in accuracy.layout.shapes] == [pytest.approx(floor)]
-    assert f"{floor:.3f}" in story.to_markdown(story.study_story(study, storage))
+    assert f"{floor:.3f}" in findings.to_markdown(findings.study_story(study, storage))
     # rounds: one line per configuration measured (left), one ratio line per candidate (right)
     rounds = drawn["confirmation"].figure
     left = [t for t in rounds.data if t.xaxis == "x"]
@@ -107,7 +108,7 @@ def test_pareto_report_draws_optunas_front_with_the_guard(storage: str):
     assert [s.y0 for s in chart.figure.layout.shapes] == [pytest.approx(results.baseline(study).user_attrs["accuracy_floor"])]
     history = charts.history(study)  # two objectives: the history plots the first, samples/s
     assert history.figure is not None and history.figure.layout.yaxis.title.text == "samples/s"
-    text = report.study_report(study, storage)  # (it ran with --no-diagnose)
+    text = htmlreport.study_report(study, storage)  # (it ran with --no-diagnose)
     assert text.count('class="missing"') == 1 and "the study has no diagnosis" in text
 
 
@@ -126,25 +127,25 @@ def test_charts_that_cannot_be_drawn_say_why(storage: str, tmp_path: Path):
     assert "two values" in drawn["slices"].missing
     assert "no confirmation" in drawn["confirmation"].missing
     assert "--no-diagnose" in drawn["ceilings"].missing
-    text = report.study_report(study, url)
+    text = htmlreport.study_report(study, url)
     assert text.count('class="missing"') == 4
     assert html.escape(drawn["importances"].missing) in text
 
 
 def test_comparison_report_says_what_compare_says_then_each_study(storage: str):
     a, b = load(storage, "mlp-pytorch"), load(storage, "mlp-tensorflow")
-    text = report.comparison_report(a, b, storage)
+    text = htmlreport.comparison_report(a, b, storage)
     side_a, side_b = compare._side(a), compare._side(b)
-    assert story.to_html([("p", compare.verdict(side_a, side_b))]) in text
+    assert findings.to_html([("p", compare.verdict(side_a, side_b))]) in text
     for prefix, study in (("a-", a), ("b-", b)):
-        assert story.to_html(story.study_story(study, storage)) in text
+        assert findings.to_html(findings.study_story(study, storage)) in text
         for key in STUDY_CHARTS[:5]:  # (the TensorFlow study ran with --no-diagnose)
             assert f'id="{prefix}{key}"' in text, prefix + key
     assert 'id="frameworks"' in text and 'id="frameworks-accuracy"' in text
     bars = charts.frameworks_bars(side_a, side_b).figure
     assert list(bars.data[0].y) == [side_a.base_sps, side_b.base_sps]
     assert list(bars.data[1].y) == [side_a.best_sps, side_b.best_sps]
-    frame = report.comparison_frame(a, b)
+    frame = htmlreport.comparison_frame(a, b)
     assert list(frame["study"].unique()) == ["mlp-pytorch", "mlp-tensorflow"]
     assert len(frame) == len(a.trials) + len(b.trials)
 
@@ -152,15 +153,15 @@ def test_comparison_report_says_what_compare_says_then_each_study(storage: str):
 def test_comparison_refuses_other_workloads_unless_forced(storage: str):
     a, b = load(storage, "story"), load(storage, "mlp-tensorflow")
     with pytest.raises(UserError, match="--force"):
-        report.comparison_report(a, b, storage)
-    assert "compared anyway, --force" in report.comparison_report(a, b, storage, force=True)
+        htmlreport.comparison_report(a, b, storage)
+    assert "compared anyway, --force" in htmlreport.comparison_report(a, b, storage, force=True)
 
 
 # ----------------------------------------------------------------------------- the trials table
 
 def test_trials_frame_flattens_knobs_and_measurements(storage: str, tmp_path: Path):
     study = load(storage, "mlp-pytorch")
-    frame = report.trials_frame(study)
+    frame = htmlreport.trials_frame(study)
     assert list(frame["number"]) == [t.number for t in study.trials]
     for column in ("state", "role", "outcome", "reason", "samples_per_second", "val_accuracy",
                    "knob_batch_size", "knob_amp", "params_batch_size", "constraint_accuracy"):
@@ -182,7 +183,7 @@ def test_trials_frame_flattens_knobs_and_measurements(storage: str, tmp_path: Pa
     back = pd.read_csv(path, keep_default_na=False, na_values=[""])
     assert list(back.columns) == list(frame.columns) and len(back) == len(frame)
     assert not (tmp_path / "report.html").exists()  # --csv alone writes only the CSV
-    nan = report.trials_frame(load(storage, "story"))
+    nan = htmlreport.trials_frame(load(storage, "story"))
     assert "nan" in set(nan["outcome"])
 
 
@@ -219,7 +220,7 @@ def test_cli_report_opens_offline_in_chromium_with_every_plot_drawn(storage: str
     path = out / "report.html"
     # read from the storage alone, in another process: the same summary as this one computes
     study = load(storage, "story")
-    assert story.to_html(story.study_story(study, storage)) in path.read_text()
+    assert findings.to_html(findings.study_story(study, storage)) in path.read_text()
     assert len(pd.read_csv(out / "trials.csv", keep_default_na=False)) == len(study.trials)
     with browser_page(offline=True) as (page, errors):
         page.goto(path.as_uri())

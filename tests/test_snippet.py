@@ -7,7 +7,7 @@ from pathlib import Path
 
 import pytest
 
-from knobtune.search.snippet import snippet
+from knobtune.search.story.snippet import snippet
 
 HARNESS = """
 import torch

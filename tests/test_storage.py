@@ -6,9 +6,10 @@ from pathlib import Path
 
 import pytest
 
-from conftest import knobtune
 from knobtune.search.errors import UserError
-from knobtune.search.storage import DEFAULT_URL, open_storage, redact, resolve_url
+from knobtune.search.storage.database import DEFAULT_URL, open_storage, redact, resolve_url
+
+from conftest import knobtune
 
 
 def test_resolution_order(monkeypatch: pytest.MonkeyPatch):

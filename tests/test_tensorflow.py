@@ -2,17 +2,17 @@
 from the pipeline and the compiled model, guard, bad data, and parity with PyTorch."""
 from __future__ import annotations
 
-
 from pathlib import Path
 from typing import Any
 
 import optuna
 import pytest
 
-from conftest import FAST, TINY_BURST, knobtune, study_file
 from knobtune.search.errors import UserError
-from knobtune.search.runner import run_child
+from knobtune.search.launch.runner import run_child
 from knobtune.spaces import for_framework
+
+from conftest import FAST, TINY_BURST, knobtune, study_file
 
 pytestmark = pytest.mark.tensorflow
 BURST = {"train_samples": 640, "warmup_samples": 64, "windows": 3, "seed": 0}
@@ -134,10 +134,10 @@ def test_corrupt_and_missing_tfrecords_are_named(tmp_path: Path):
 
 
 def test_tensorflow_missing_is_explained(monkeypatch: pytest.MonkeyPatch):
-    from knobtune.search import probe
-    from knobtune.trainers.common import builtins
+    from knobtune.search.launch import probe
+    from knobtune.trainers.common import names
 
-    monkeypatch.setitem(builtins.FRAMEWORK_MODULES, "tensorflow", "tensorflow_absent_for_this_test")
+    monkeypatch.setitem(names.FRAMEWORK_MODULES, "tensorflow", "tensorflow_absent_for_this_test")
     with pytest.raises(UserError, match=r"pip install 'knobtune\[tensorflow\]' \(tensorflow-cpu==2.21.0"):
         probe.require_framework("tensorflow")
 

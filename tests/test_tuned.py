@@ -173,7 +173,7 @@ def test_knobs_the_script_never_exercises_are_not_applied_nor_searched(tmp_path:
 
 
 def test_nan_guard_stops_a_script_whose_loss_goes_non_finite(tmp_path: Path):
-    from knobtune.search.runner import run_child
+    from knobtune.search.launch.runner import run_child
 
     request = {"script": str(SCRIPT), "args": ["--nan-after", "5", "--epochs", "50"],
                "knobs": {"batch_size": 32}, "burst": {"train_samples": 640, "warmup_samples": 64, "windows": 3}}
@@ -185,7 +185,7 @@ def test_nan_guard_stops_a_script_whose_loss_goes_non_finite(tmp_path: Path):
 
 
 def test_dict_batches_are_counted_by_their_batch_dimension():
-    from knobtune.search.runner import run_child
+    from knobtune.search.launch.runner import run_child
 
     request = {"script": str(SCRIPT), "args": ["--dict"], "knobs": {"batch_size": 16},
                "burst": {"train_samples": 320, "warmup_samples": 32, "windows": 2}}
@@ -195,7 +195,7 @@ def test_dict_batches_are_counted_by_their_batch_dimension():
 
 
 def test_a_workload_yielding_dict_batches_is_refused_in_one_line(tmp_path: Path):
-    from knobtune.search.runner import run_child
+    from knobtune.search.launch.runner import run_child
 
     request = {"workload": "kt_test_workloads:dict_batches", "knobs": {"batch_size": 16},
                "burst": {"train_samples": 320, "warmup_samples": 32, "windows": 2}}
@@ -317,7 +317,7 @@ print(compilations())
 
 
 def test_time_to_accuracy_evaluates_between_windows_through_the_script():
-    from knobtune.search.runner import run_child
+    from knobtune.search.launch.runner import run_child
 
     request = {"script": str(SCRIPT), "knobs": {"batch_size": 32}, "target_accuracy": 0.3,
                "burst": {"train_samples": 1280, "warmup_samples": 64, "windows": 10}}

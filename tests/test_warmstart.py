@@ -8,14 +8,14 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+from optuna.trial import FrozenTrial
+
+from knobtune.search.story import results
+from knobtune.search.study.warmstart import clip
+from knobtune.spaces import for_framework
 
 from conftest import FAST, TINY_BURST, knobtune, stored, study_file
 from recorded import rebuild
-from optuna.trial import FrozenTrial
-
-from knobtune.search import results
-from knobtune.search.warmstart import clip
-from knobtune.spaces import for_framework
 
 # Two knobs searched, the rest fixed: the sources' configurations are batch_size x intra_op_threads.
 SOURCE = """
@@ -202,8 +202,8 @@ def test_refusals_say_what_was_given_and_expected(sources: Path):
 
 
 def test_study_file_errors():
-    from knobtune.search import definition
     from knobtune.search.errors import UserError
+    from knobtune.search.study import definition
 
     base = '[study]\nframework = "pytorch"\nworkload = "digits-mlp"\nname = "x"\n'
     assert definition.parse(base + 'warm_start = ["a", "b", "a"]\n').study.warm_start == ("a", "b")

@@ -14,12 +14,14 @@ from pathlib import Path
 import optuna
 import psutil
 import pytest
-from conftest import TINY_BURST, knobtune, study_file
 from optuna.trial import TrialState
-from pg import PASSWORD, PostgresServer
 
-from knobtune.search import partition, workers
-from knobtune.search.lease import Lease
+from knobtune.search.launch import partition
+from knobtune.search.storage import workers
+from knobtune.search.storage.lease import Lease
+
+from conftest import TINY_BURST, knobtune, study_file
+from pg import PASSWORD, PostgresServer
 
 STUDY = """
 [study]
@@ -301,16 +303,18 @@ def test_patience_with_a_lost_database_is_bounded_and_redacted():
 def test_a_study_left_half_created_is_taken_up(tmp_path: Path):
     # a worker that died (or lost the database) between creating the study and writing its
     # attributes leaves an empty study: the next one completes it instead of calling it foreign
-    from knobtune.search import definition, storage, study as study_mod
+    from knobtune.search.storage import database
+    from knobtune.search.study import definition
+    from knobtune.search.study import study as study_mod
 
     path = study_file(tmp_path, STUDY.format(workload="kt_test_workloads:tiny", trials=3, burst=TINY_BURST, extra=""))
     parsed = definition.load(path)
     url = f"sqlite:///{tmp_path / 'k.db'}"
     optuna.create_study(study_name="shared", storage=url)
     fingerprint = {"cpu_model": "x", "usable_cores": 2}
-    taken, created = study_mod.load_or_create(storage.open_storage(url), "shared", parsed, fingerprint,
+    taken, created = study_mod.load_or_create(database.open_storage(url), "shared", parsed, fingerprint,
                                               optuna.samplers.RandomSampler())
     assert created and taken.user_attrs["measurement"] == parsed.measurement_key()
-    again, created = study_mod.load_or_create(storage.open_storage(url), "shared", parsed, fingerprint,
+    again, created = study_mod.load_or_create(database.open_storage(url), "shared", parsed, fingerprint,
                                               optuna.samplers.RandomSampler())
     assert not created and again._study_id == taken._study_id

@@ -8,7 +8,7 @@ from typing import Any
 import numpy as np
 import pytest
 
-from knobtune.search.runner import run_child
+from knobtune.search.launch.runner import run_child
 from knobtune.spaces import for_framework
 from knobtune.trainers.common import text
 from knobtune.trainers.common.errors import WorkloadError

@@ -1,1 +1,0 @@
-"""One module per CLI command: each has ``add(subparsers)`` and ``main(args) -> exit code``."""

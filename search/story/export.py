@@ -1,0 +1,110 @@
+"""``knobtune export``: a study's winner in the versioned ``knobtune.best/1`` format."""
+from __future__ import annotations
+
+import statistics
+from datetime import datetime, timezone
+from typing import Any
+
+import optuna
+
+from knobtune.search.errors import UserError
+from knobtune.search.story import results
+
+FORMAT = "knobtune.best/1"
+
+
+def study_names(storage: Any) -> list[str]:
+    return sorted(s.study_name for s in optuna.get_all_study_summaries(storage, include_best_trial=False))
+
+
+def load_existing(storage: Any, name: str) -> optuna.Study:
+    """The study called ``name``, or a UserError that lists the studies this storage has."""
+    try:
+        return optuna.load_study(study_name=name, storage=storage)
+    except KeyError:
+        names = study_names(storage)
+        listing = f"it has: {', '.join(names)}" if names else "it has no studies"
+        raise UserError(f"no study named {name!r} in this storage ({listing})") from None
+
+
+def best_config(study: optuna.Study, pick: str | None = None) -> dict[str, Any]:
+    """The export document for the study's winner: the confirmed one when there is a current
+    confirmation, else the best feasible trial (pareto studies: ``pick`` from the front)."""
+    if pick is not None and results.mode(study) != "pareto":
+        raise UserError(f"--pick chooses from a pareto front; study {study.study_name!r} has objective "
+                        f"{results.mode(study)!r}")
+    best = results.best(study, pick)
+    if best is None:
+        counts = results.outcome_counts(study)
+        detail = ", ".join(f"{n} {k}" for k, n in counts.items()) or "no finished trials"
+        raise UserError(f"study {study.study_name!r} has no feasible trial to export ({detail})")
+    base = results.baseline(study)
+    definition = study.user_attrs.get("definition", {})
+    sps = best.user_attrs["samples_per_second"]
+    base_sps = base.user_attrs.get("samples_per_second") if base else None
+    knobs = best.user_attrs.get("knobs", {})
+    confirmed = results.confirmation(study)
+    confirmed_block = None
+    if confirmed and confirmed.get("winner") == best.number:
+        confirmed_block = {
+            "median": confirmed["medians"][str(best.number)],
+            "baseline_median": confirmed["medians"][str(confirmed["baseline"])],
+            "speedup": confirmed.get("speedup"), "speedup_range": confirmed.get("speedup_range"),
+            "rounds": confirmed["repeats"], "baseline_won": best.number == confirmed["baseline"],
+            "mean_accuracy": (confirmed.get("mean_accuracies") or {}).get(str(best.number)),
+            "accuracy_floor": confirmed.get("accuracy_floor"),
+            "unit": "seconds to target" if confirmed.get("minimize") else "samples/s",
+            **_round_rates(confirmed, best.number),
+        }
+    return {
+        "format": FORMAT,
+        "study": study.study_name,
+        "framework": definition.get("study", {}).get("framework"),
+        "workload": definition.get("study", {}).get("workload") or None,
+        "script": definition.get("study", {}).get("script"),
+        "args": definition.get("study", {}).get("args") or [],
+        "trial": best.number,
+        "knobs": {name: entry["value"] for name, entry in knobs.items()},
+        "not_applied": {name: entry.get("why", "") for name, entry in knobs.items() if not entry.get("applied")},
+        "metrics": {
+            "samples_per_second": sps,
+            "samples_per_second_cv": best.user_attrs.get("samples_per_second_cv"),
+            "baseline_samples_per_second": base_sps,
+            "speedup": sps / base_sps if base_sps else None,
+            "val_accuracy": best.user_attrs.get("val_accuracy"),
+            "baseline_val_accuracy": base.user_attrs.get("val_accuracy") if base else None,
+            "baseline_accuracies": base.user_attrs.get("baseline_accuracies") if base else None,
+            "accuracy_floor": (confirmed or {}).get("accuracy_floor") or best.user_attrs.get("accuracy_floor"),
+            "effective_batch_size": best.user_attrs.get("effective_batch_size"),
+            "warmup_seconds": best.user_attrs.get("warmup_seconds"),
+            "peak_memory_mb": best.user_attrs.get("peak_memory_mb"),
+            "memory_limit_mb": best.user_attrs.get("memory_limit_mb"),
+            "memory_fraction": best.user_attrs.get("memory_fraction"),
+            "effective_samples_per_second": best.user_attrs.get("effective_samples_per_second"),
+            "time_to_accuracy": best.user_attrs.get("time_to_accuracy"),
+        },
+        # production must run the winner's batch size with the learning rate it was measured with
+        "lr_scaling": definition.get("study", {}).get("lr_scaling", "none"),
+        "lr_scale": best.user_attrs.get("lr_scale", 1.0),
+        "learning_rate": (best.user_attrs.get("applied") or {}).get("learning_rate"),
+        "objective": results.mode(study),
+        "pick": pick or ("fastest-feasible" if results.mode(study) == "pareto" else None),
+        "confirmed": confirmed_block,
+        "burst": definition.get("burst"),
+        "fingerprint": study.user_attrs.get("fingerprint", {}),
+        # what each trial measured: the whole machine, or one share of it (--jobs): run the winner
+        # on that share (one GPU and its cores: one rank of a data-parallel job)
+        "partition": study.user_attrs.get("partition", {"jobs": 1, "share": "the whole machine"}),
+        "created": datetime.now(timezone.utc).isoformat(timespec="seconds"),
+    }
+
+
+def _round_rates(confirmed: dict[str, Any], number: int) -> dict[str, Any]:
+    """The winner's steady-state samples/s over its confirmation rounds (median and range): what
+    production's watchdog expects, whatever the objective's unit (seconds to target, or an effective
+    rate under ``job_samples``), and the spread that tells production's figure from the machine's noise."""
+    rates = [e["samples_per_second"] for e in (confirmed.get("runs") or {}).get(str(number), [])
+             if e.get("outcome") == "ok" and e.get("samples_per_second")]
+    if not rates:
+        return {}
+    return {"samples_per_second": statistics.median(rates), "samples_per_second_range": [min(rates), max(rates)]}

@@ -1,0 +1,189 @@
+"""Human-readable lines about a study: one per trial during a run, the table at the end."""
+from __future__ import annotations
+
+from typing import Any
+
+import optuna
+from optuna.trial import FrozenTrial
+
+from knobtune.search.storage.database import DEFAULT_URL, redact
+from knobtune.search.story import results
+from knobtune.search.story.findings import disqualified
+from knobtune.search.story.progress import rate
+
+
+def diagnosis_line(label: str, diagnosis: dict[str, Any], samples_per_second: float | None) -> str:
+    """``bottleneck: input`` for one config, and how close it gets to its lower ceiling."""
+    if "error" in diagnosis:
+        return f"  {label}: diagnosis failed ({diagnosis['error']})"
+    limit = diagnosis["bottleneck"]
+    ceiling = diagnosis[limit]
+    text = (f"  {label}: bottleneck: {limit} (input ceiling {rate(diagnosis['input'])} samples/s, "
+            f"compute ceiling {rate(diagnosis['compute'])})")
+    if samples_per_second:
+        text += f"; it runs at {samples_per_second / ceiling:.0%} of its {limit} ceiling"
+    return text
+
+
+def changed_knobs(values: dict[str, Any], reference: dict[str, Any]) -> str:
+    parts = [f"{k}={v}" for k, v in values.items() if reference.get(k) != v]
+    return " ".join(parts) if parts else "(baseline settings)"
+
+
+def _acc(value: float | None) -> str:
+    return "-" if value is None else f"{value:.3f}"
+
+
+def trial_line(number: int, attrs: dict[str, Any], best: tuple[str, int] | None,
+               baseline_knobs: dict[str, Any] | None) -> str:
+    """``trial #3   ok   9,141 samples/s  acc 0.956  cv 5%  11.2 s  | best ... (#2)`` + changed knobs."""
+    outcome = attrs.get("outcome", "?")
+    source = attrs.get("source")
+    tag = f"[{source}]" if source in ("baseline", "advice", "explore") else ""
+    origin = attrs.get("warm_start_from")
+    if origin:
+        tag = f"[warm start: {origin['study']} #{origin['trial']}]"
+    head = f"trial #{number:<3} {outcome:<7}"
+    if outcome == "ok":
+        text = (f"{head} {rate(attrs.get('samples_per_second')):>9} samples/s  "
+                f"acc {_acc(attrs.get('val_accuracy'))}  cv {100 * attrs.get('samples_per_second_cv', 0):>2.0f}%  "
+                f"{attrs.get('trial_seconds', 0):>5.1f} s")
+        if "effective_samples_per_second" in attrs:
+            text += f"  (job: {rate(attrs['effective_samples_per_second'])} samples/s)"
+        if "time_to_accuracy" in attrs:
+            text += f"  target in {attrs['time_to_accuracy']:.2f} s"
+        elif "accuracy_reached" in attrs:
+            text += f"  target not reached (best {attrs['accuracy_reached']:.3f})"
+        elif attrs.get("feasible") is False:
+            text += "  " + results.infeasible_why(attrs)
+        if attrs.get("noisy"):
+            text += "  noisy"
+    else:
+        failure = (attrs.get("failure") or "").splitlines()
+        text = f"{head} {failure[0] if failure else ''}  ({attrs.get('trial_seconds', 0):.1f} s)"
+    if best:
+        text += f"  | best {best[0]} (#{best[1]})"
+    knobs = {k: v["value"] for k, v in attrs.get("knobs", {}).items() if v.get("applied")}
+    detail = [tag] if tag else []
+    if baseline_knobs is not None and not attrs.get("is_baseline"):
+        detail.append(changed_knobs(knobs, baseline_knobs))
+    if detail:
+        text += "\n" + " " * 11 + " ".join(detail)
+    return text
+
+
+def _metric(trial: FrozenTrial, minimize: bool) -> str:
+    return f"{trial.value:.2f} s" if minimize else rate(results.rate(trial))
+
+
+def _row(label: str, trial: FrozenTrial, base: FrozenTrial, minimize: bool) -> str:
+    value, ref = (trial.value, base.value) if minimize else (results.rate(trial), results.rate(base))
+    speed = (ref / value if minimize else value / ref) if value and ref else None
+    return (f"  {label:<9} #{trial.number:<5} {_metric(trial, minimize):>11} "
+            f"{_acc(trial.user_attrs.get('val_accuracy')):>13} {f'{speed:.2f}x' if speed else '-':>8}")
+
+
+def _applied(trial: FrozenTrial) -> dict[str, Any]:
+    return {k: v for k, v in results.knob_values(trial).items() if trial.user_attrs["knobs"][k].get("applied")}
+
+
+def _confirmed_line(confirmed: dict[str, Any]) -> str:
+    """``confirmed: trial #4 is 1.31x the baseline (range ...)``, or that the baseline held."""
+    def spread(entry: dict[str, Any]) -> str:
+        lo, hi = entry.get("speedup_range") or (None, None)
+        return f" (range {lo:.2f}x-{hi:.2f}x over {confirmed['repeats']} interleaved rounds)" if lo else ""
+
+    if confirmed["winner"] == confirmed["baseline"]:
+        runner = confirmed.get("runner_up")
+        closest = (f"; the closest candidate, trial #{runner['trial']}, ran at {runner['speedup']:.2f}x"
+                   f"{spread(runner)}") if runner and runner.get("speedup") else ""
+        out = "".join(f"\n    {line}" for line in disqualified(confirmed))
+        return (f"  confirmed: no configuration beat your current settings side by side (a candidate must keep the "
+                f"accuracy and be {confirmed.get('min_speedup', 0.03):.0%} faster in the median of the paired rounds "
+                f"and faster in most of them), so the baseline is kept{closest}{out}")
+    changed = "" if confirmed.get("searched_winner") in (None, confirmed["winner"]) else \
+        f"; the search's own best was #{confirmed['searched_winner']}"
+    speedup = f"{confirmed['speedup']:.2f}x" if confirmed.get("speedup") else "(no paired rounds)"
+    line = f"  confirmed: trial #{confirmed['winner']} is {speedup} the baseline{spread(confirmed)}{changed}"
+    accuracy = (confirmed.get("mean_accuracies") or {}).get(str(confirmed["winner"]))
+    if accuracy is not None and confirmed.get("accuracy_floor") is not None:
+        line += (f"\n  final guard: its mean val_accuracy over the rounds' seeds {accuracy:.3f} >= "
+                 f"{confirmed['accuracy_floor']:.3f} (the mean of {len(confirmed.get('baseline_accuracies', []))} "
+                 f"baseline runs minus max_accuracy_drop)")
+    return line
+
+
+# trial attributes that say the burst was too short for the trial, each with its train_samples fix
+BURST_ADVICE = (
+    ("short_windows", "short windows", "had windows under [burst] min_window_seconds"),
+    ("unsettled", "read-ahead", "could not train through their input pipeline's read-ahead before the windows"),
+)
+
+
+def study_summary(study: optuna.Study, url: str) -> str:
+    """The end-of-run table: baseline vs best (confirmed), what changed, outcomes, pruning,
+    the bottleneck, and what to do next."""
+    m = results.mode(study)
+    minimize = m == "time-to-accuracy"
+    base, best = results.baseline(study), results.best(study)
+    counts = results.outcome_counts(study)
+    lines = [f"{study.study_name}: {sum(counts.values())} trials ("
+             + ", ".join(f"{n} {k}" for k, n in sorted(counts.items(), key=lambda kv: -kv[1])) + ")"]
+    if base is None or base.user_attrs.get("outcome") != "ok":
+        lines.append("  no successful baseline trial yet")
+        return "\n".join(lines)
+    metric = "to target" if minimize else ("job samples/s" if "effective_samples_per_second" in base.user_attrs
+                                           else "samples/s")
+    lines += ["", f"  {'':<9} {'trial':<6} {metric:>11} {'val_accuracy':>13} {'speedup':>8}",
+              _row("baseline", base, base, minimize)]
+    confirmed = results.confirmation(study)
+    if best is not None:
+        lines.append(_row("best", best, base, minimize))
+        if m == "pareto":
+            front = results.front(study)
+            lines.append(f"  pareto front: {len(front)} trial(s): "
+                         + ", ".join(f"#{t.number} ({rate(results.rate(t))}, {t.user_attrs['val_accuracy']:.3f})"
+                                     for t in front))
+            for pick in results.PICKS:
+                chosen = results.pick_from_front(front, pick)
+                lines.append(f"    {pick:<17} #{chosen.number}" if chosen else f"    {pick}: -")
+        lines += ["", "  best knobs: " + changed_knobs(_applied(best), results.knob_values(base))]
+        floor = best.user_attrs.get("accuracy_floor")
+        if floor is not None:
+            runs = len(base.user_attrs.get("baseline_accuracies") or [0])
+            how = (f"the baseline's mean over {runs} seeds minus max_accuracy_drop minus their spread" if runs > 1
+                   else "baseline minus max_accuracy_drop")
+            lines.append(f"  accuracy guard: val_accuracy >= {floor:.3f} ({how})")
+        if "effective_samples_per_second" in best.user_attrs:
+            lines.append(f"  job amortisation: {rate(best.user_attrs['samples_per_second'])} samples/s steady, "
+                         f"{rate(best.user_attrs['effective_samples_per_second'])} over the planned job "
+                         f"(warm-up {best.user_attrs.get('warmup_seconds', 0):.1f} s paid once)")
+    if confirmed and confirmed.get("winner") is not None:
+        lines.append(_confirmed_line(confirmed))
+    elif confirmed:
+        lines.append("  confirmed: no candidate held up in the confirmation runs; the search's best is shown")
+    pruned = [t for t in results.finished(study) if t.user_attrs.get("outcome") == "pruned"]
+    if pruned:
+        saved = sum(t.user_attrs.get("time_saved_seconds", 0) for t in pruned)
+        lines.append(f"  pruning: {len(pruned)} trial(s) stopped early, saving about {saved:.0f} s")
+    for attr, label, what in BURST_ADVICE:
+        flagged = [t for t in results.finished(study) if t.user_attrs.get(attr)]
+        if flagged:
+            suggested = max(t.user_attrs[attr]["suggested_train_samples"] for t in flagged)
+            lines.append(f"  {label}: {len(flagged)} trial(s) {what}; train_samples = {suggested} would fix it "
+                         f"(a new study: --name)")
+    noisy = [t for t in results.finished(study) if t.user_attrs.get("noisy")]
+    if noisy:
+        lines.append(f"  noise: {len(noisy)} trial(s) had window rates varying more than "
+                     f"{100 * study.user_attrs.get('definition', {}).get('confirm', {}).get('noise_cv', 0.05):.0f}%")
+    diagnosis = study.user_attrs.get("diagnosis")
+    if diagnosis and best is not None and diagnosis.get("winner_trial") == best.number:
+        lines.append(diagnosis_line("baseline", diagnosis["baseline"], base.user_attrs.get("samples_per_second")))
+        lines.append(diagnosis_line("winner  ", diagnosis["winner"], best.user_attrs.get("samples_per_second")))
+    storage_arg = "" if url == DEFAULT_URL else f" --storage '{redact(url)}'"
+    lines += [
+        "",
+        f"  watch it:   knobtune dashboard{storage_arg}    (then open http://127.0.0.1:8080)",
+        f"  export it:  knobtune export {study.study_name}{storage_arg} -o best.json",
+    ]
+    return "\n".join(lines)

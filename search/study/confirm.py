@@ -1,0 +1,160 @@
+"""Confirmation of winners: re-measure the top candidates and the baseline, interleaved
+(A B C base A B C base ...), so that drift of the machine hits all alike; a candidate wins only
+when it beats the baseline side by side, round after round (``choose_winner``), else the
+baseline is kept. A search over noisy measurements otherwise crowns whichever config got lucky once. Each
+round uses a seed no trial used, so the rounds' accuracies are new samples of each configuration's
+accuracy, and the final guard judges the candidates' mean accuracy against every baseline
+accuracy measured."""
+from __future__ import annotations
+
+import statistics
+from typing import Any, Callable, TextIO
+
+import optuna
+from optuna.trial import FrozenTrial
+
+from knobtune.search.story import results
+from knobtune.search.story.progress import rate as fmt
+from knobtune.search.study.objective import Plan, baseline_accuracies, final_floor, measure, objective_values
+
+ProgressLine = Callable[[str], None]
+
+
+def candidates(study: optuna.Study, top_k: int) -> tuple[list[FrozenTrial], str | None]:
+    """The trials to confirm, and the pick their winner stands for (pareto: the front's picks)."""
+    if results.mode(study) == "pareto":
+        points = results.front(study)
+        picked = [results.pick_from_front(points, p) for p in results.PICKS]
+        # the baseline is measured in every round anyway: as a candidate too, it would run twice a round
+        unique = list({t.number: t for t in picked if t is not None and not t.user_attrs.get("is_baseline")}.values())
+        return unique, "fastest-feasible"
+    feasible = results.feasible(study)
+    reverse = results.mode(study) != "time-to-accuracy"
+    ranked = sorted(feasible, key=lambda t: t.value, reverse=reverse)
+    seen, out = set(), []
+    for t in ranked:
+        key = tuple(sorted(t.params.items()))
+        if key not in seen and not t.user_attrs.get("is_baseline"):
+            seen.add(key)
+            out.append(t)
+    return out[:top_k], None
+
+
+def _score(plan: Plan, attrs: dict[str, Any], base_acc: list[float] | None) -> tuple[float | None, bool]:
+    """A confirmation run's objective number (samples/s, effective samples/s or seconds to
+    target) and whether it passed the guard."""
+    if attrs.get("outcome") != "ok" or (attrs.get("val_accuracy") is None and plan.definition.guard.accuracy):
+        return None, False
+    from knobtune.search.study.objective import Measurement
+
+    values, constraint, _ = objective_values(Measurement("ok", dict(attrs)), plan.definition, base_acc)
+    return values[0], constraint <= 0
+
+
+def _paired(runs: list[dict[str, Any]], base_runs: list[dict[str, Any]], minimize: bool) -> dict[str, Any]:
+    """The median speedup over the baseline, paired by round (the same moment of the machine)."""
+    ratios = [b["value"] / r["value"] if minimize else r["value"] / b["value"]
+              for r, b in zip(runs, base_runs) if r["value"] and b["value"]]
+    return {"speedup": statistics.median(ratios) if ratios else None,
+            "speedup_range": [min(ratios), max(ratios)] if ratios else None, "ratios": ratios}
+
+
+def choose_winner(runs: dict[str, list[dict[str, Any]]], base: int, challengers: list[int], minimize: bool,
+                  min_speedup: float) -> tuple[int, dict[str, dict[str, Any]]]:
+    """The confirmed winner, by the rounds' paired ratios over the baseline (each round measures
+    everyone at the same moment of the machine). A challenger beats the baseline only when its
+    median ratio is at least ``1 + min_speedup`` and it was faster in more than half of the
+    rounds; the one with the highest median ratio among those wins. Otherwise the baseline is
+    kept: a change must earn its place. Returns the winner and each challenger's figures."""
+    paired: dict[str, dict[str, Any]] = {}
+    beaters = []
+    for number in challengers:
+        mine, theirs = runs[str(number)], runs[str(base)]
+        figures = _paired(mine, theirs, minimize)
+        ratios = figures.pop("ratios")
+        faster = sum(r > 1 for r in ratios)
+        # a round the challenger (or the baseline) failed counts as not faster
+        beats = bool(ratios) and figures["speedup"] >= 1 + min_speedup and faster * 2 > len(mine)
+        paired[str(number)] = {**figures, "faster_rounds": faster, "rounds": len(mine), "beats_baseline": beats}
+        if beats:
+            beaters.append(number)
+    if not beaters:
+        return base, paired
+    return max(beaters, key=lambda n: paired[str(n)]["speedup"]), paired
+
+
+def confirm(study: optuna.Study, plan: Plan, err: TextIO) -> dict[str, Any] | None:
+    """Run the confirmation and store it in the study attribute ``confirmed``."""
+    cfg = plan.definition.confirm
+    chosen, pick = candidates(study, cfg.top_k)
+    base = results.baseline(study)
+    if not chosen or base is None or cfg.top_k == 0:
+        return None
+    noisy = any(t.user_attrs.get("noisy") for t in [*chosen, base])
+    repeats = cfg.noisy_repeats if noisy else cfg.repeats
+    lineup = [*chosen, base]
+    minimize = results.mode(study) == "time-to-accuracy"
+    err.write(f"knobtune: confirming {len(chosen)} candidate(s) and the baseline, {repeats} interleaved rounds"
+              f"{' (more rounds: some trials were noisy)' if noisy else ''} ...\n")
+    base_acc = baseline_accuracies(base.user_attrs)
+    runs: dict[str, list[dict[str, Any]]] = {str(t.number): [] for t in lineup}
+    order: list[int] = []
+    # Each round trains everyone with a fresh seed (the same seed within a round, so the pairing is
+    # fair): accuracies over rounds are independent measurements, not copies of the trials' runs.
+    first_seed = plan.definition.guard.baseline_runs
+    for r in range(repeats):
+        shown = []
+        for t in lineup:
+            resolved = plan.space.resolve(t.params, plan.offer, plan.ctx)
+            report = measure(plan, resolved, is_baseline=t is base, seed_offset=first_seed + r)
+            score, ok = _score(plan, report.attrs, None if t is base else base_acc)
+            runs[str(t.number)].append({
+                "round": r, "seed_offset": first_seed + r, "value": score, "passed": ok, "outcome": report.outcome,
+                "samples_per_second": report.attrs.get("samples_per_second"),
+                "val_accuracy": report.attrs.get("val_accuracy"),
+                "knobs": {k: v["value"] for k, v in report.attrs.get("knobs", {}).items() if v.get("applied")},
+            })
+            order.append(t.number)
+            value = report.attrs.get("samples_per_second") if report.outcome == "ok" else None
+            shown.append(f"{'baseline' if t is base else f'#{t.number}'} {fmt(value) if value else report.outcome}")
+        err.write(f"  round {r + 1}/{repeats}: " + "   ".join(shown) + "\n")
+    # The final verdict on accuracy: each candidate's mean accuracy over its rounds (each a fresh
+    # seed) against the mean of every baseline accuracy measured (the trial's runs and this
+    # confirmation's) minus max_accuracy_drop. During the search the floor also allows for the
+    # baseline's spread, so that the sampler does not learn from noise; here both sides are
+    # means over several seeds, and the winner must meet the guard as the user stated it.
+    all_base = base_acc + [e["val_accuracy"] for e in runs[str(base.number)] if e["val_accuracy"] is not None]
+    judged = not minimize and plan.definition.guard.accuracy and all_base
+    floor = final_floor(all_base, plan.definition.guard.max_accuracy_drop) if judged else None
+    medians, accuracies = {}, {}
+    for number, entries in runs.items():
+        values = [e["value"] for e in entries if e["value"] is not None]
+        accs = [e["val_accuracy"] for e in entries if e["val_accuracy"] is not None and e["value"] is not None]
+        accuracies[number] = statistics.fmean(accs) if accs else None
+        if floor is None:
+            passed = sum(e["passed"] for e in entries) * 2 > len(entries)  # most runs reach the target
+        else:
+            passed = number == str(base.number) or (accuracies[number] is not None and accuracies[number] >= floor)
+        medians[number] = statistics.median(values) if values and passed else None
+    record: dict[str, Any] = {"after_trials": len(results.finished(study)), "repeats": repeats, "noisy": noisy,
+                              "order": order, "runs": runs, "medians": medians, "baseline": base.number,
+                              "pick": pick, "minimize": minimize, "winner": None,
+                              "mean_accuracies": accuracies, "accuracy_floor": floor,
+                              "baseline_accuracies": all_base, "min_speedup": cfg.min_speedup}
+    if medians[str(base.number)] is not None:
+        challengers = [t for t in chosen if medians[str(t.number)] is not None]
+        winner, paired = choose_winner(runs, base.number, [t.number for t in challengers], minimize, cfg.min_speedup)
+        searched = results.searched_best(study)
+        record.update(winner=winner, searched_winner=searched.number if searched else None, paired=paired)
+        if winner != base.number:
+            record.update({k: paired[str(winner)][k] for k in ("speedup", "speedup_range")})
+        elif paired:  # say how close the best candidate came
+            closest = max(paired, key=lambda n: paired[n]["speedup"] or 0.0)
+            record["runner_up"] = {"trial": int(closest), **paired[closest]}
+    else:  # the baseline failed its rounds: nothing to pair with; the best median among the rest
+        contenders = [t for t in chosen if medians[str(t.number)] is not None]
+        if contenders:
+            best_of = min if minimize else max
+            record["winner"] = best_of(contenders, key=lambda t: medians[str(t.number)]).number
+    study.set_user_attr("confirmed", record)
+    return record

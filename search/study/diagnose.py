@@ -1,0 +1,42 @@
+"""Bottleneck diagnosis: is a configuration limited by its input pipeline or by compute?
+
+The input ceiling is the data pipeline alone (as configured, and with the framework's most
+parallel loader settings; the faster counts), the compute ceiling the train step on one batch
+already on the device. The lower ceiling names the bottleneck; a tuned config can approach it.
+"""
+from __future__ import annotations
+
+from typing import Any, TextIO
+
+import optuna
+
+from knobtune.search.launch.runner import run_child
+from knobtune.search.study.objective import Plan
+
+
+def ceilings(plan: Plan, params: dict[str, Any]) -> dict[str, Any]:
+    """Input and compute ceilings (samples/s) of one configuration, measured in a child."""
+    resolved = plan.space.resolve(params, plan.offer, plan.ctx)
+    request = plan.request({name: r.value for name, r in resolved.items()})
+    request["input_variants"] = {"as configured": {}, **plan.space.input_variants(plan.ctx)}
+    child = run_child(plan.definition.study.framework, "diagnose", request, plan.definition.burst.timeout_s * 2,
+                      placement=plan.placement)
+    if child.outcome != "ok":
+        return {"error": f"{child.outcome}: {(child.failure or '').splitlines()[0] if child.failure else ''}"}
+    data = child.data
+    limit = "input" if data["input_samples_per_second"] < data["compute_samples_per_second"] else "compute"
+    return {"input": data["input_samples_per_second"], "compute": data["compute_samples_per_second"],
+            "input_variants": data["input_variants"], "bottleneck": limit}
+
+
+def diagnose_study(study: optuna.Study | None, plan: Plan, baseline_params: dict[str, Any],
+                   winner: Any | None, err: TextIO) -> dict[str, Any]:
+    """Diagnose the baseline and (when there is one) the winner; stored on the study if given."""
+    err.write("knobtune: diagnosing the bottleneck (input and compute ceilings) ...\n")
+    record: dict[str, Any] = {"baseline": ceilings(plan, baseline_params)}
+    if winner is not None:
+        record["winner"] = ceilings(plan, dict(winner.params))
+        record["winner_trial"] = winner.number
+    if study is not None:
+        study.set_user_attr("diagnosis", record)
+    return record

@@ -1,0 +1,365 @@
+"""One trial, engine side: knobs from the space, a burst in a child, attributes and the verdict
+told to Optuna in the study's objective mode. Non-ok outcomes never get a made-up objective
+value: they are told as PRUNED with an infeasible constraint, which TPE learns from (FAIL trials
+it would ignore); a trial pruned for being slow is PRUNED with its window rates as intermediate
+values."""
+from __future__ import annotations
+
+import statistics
+import threading
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass, replace
+from pathlib import Path
+from typing import Any, Callable
+
+import optuna
+from optuna.trial import TrialState
+
+from knobtune.search.launch.partition import Partition
+from knobtune.search.launch.runner import ChildResult, run_child
+from knobtune.search.story import results
+from knobtune.search.study.definition import Definition
+from knobtune.spaces.knobs import Context, Offer, Resolved, Space
+
+ATTR_FIELDS = (
+    "samples_per_second", "samples_per_second_cv", "warmup_seconds", "val_accuracy", "final_loss",
+    "effective_batch_size", "peak_memory_mb", "memory_limit_mb", "burst_seconds", "window_rates", "nan_step",
+    "amp_skipped_steps", "loader", "pipeline", "applied", "lr_scale", "evaluations", "target_reached",
+    "time_to_accuracy", "settle_seconds", "settle_samples", "settle_drained", "short_windows", "unsettled",
+    "not_exercised", "trained_samples", "placement", "child_start",
+)
+
+
+@dataclass(frozen=True)
+class Plan:
+    """What every trial of a study shares."""
+
+    definition: Definition
+    space: Space
+    offer: Offer
+    ctx: Context
+    workdir: str
+    placement: Partition | None = None  # the partition every child of this plan runs on (None: the whole machine)
+
+    def lr_scale(self, knobs: dict[str, Any]) -> float:
+        """The learning-rate factor [study] lr_scaling asks for, from the effective batch ratio."""
+        how = self.definition.study.lr_scaling
+        if how == "none":
+            return 1.0
+        base = self.space.defaults(self.ctx, self.definition.baseline)
+        base_accumulation = self.offer.derived("accumulation_steps", base) or base["accumulation_steps"]
+        ratio = (knobs["batch_size"] * knobs["accumulation_steps"]) / (base["batch_size"] * base_accumulation)
+        return ratio if how == "linear" else ratio ** 0.5
+
+    def request(self, knobs: dict[str, Any], seed_offset: int = 0) -> dict[str, Any]:
+        """The child's burst request; ``seed_offset`` re-seeds it (the baseline's extra runs)."""
+        d = self.definition
+        burst = d.burst
+        request = {
+            "workload": d.study.workload,
+            "workload_options": d.workload,
+            "script": d.study.script,
+            "args": list(d.study.args),
+            "knobs": knobs,
+            "burst": {
+                "train_samples": burst.train_samples,
+                "warmup_samples": burst.warmup_samples,
+                "windows": d.burst_windows(),
+                "seed": (d.study.seed or 0) + seed_offset,
+                "min_window_seconds": burst.min_window_seconds,
+            },
+            "workdir": self.workdir,
+            "lr_scale": self.lr_scale(knobs),
+            # counted once per study by the probe, so no trial reads every file again
+            "train_records": self.ctx.get("workload", {}).get("train_samples"),
+            "accuracy_required": d.guard.accuracy,
+        }
+        if d.study.objective == "time-to-accuracy":
+            request["target_accuracy"] = d.study.target_accuracy
+        return request
+
+
+@dataclass
+class Measurement:
+    """What one trial measured: its outcome and the user attributes it is stored with."""
+
+    outcome: str
+    attrs: dict[str, Any]
+
+    @property
+    def samples_per_second(self) -> float | None:
+        return self.attrs.get("samples_per_second")
+
+    @property
+    def val_accuracy(self) -> float | None:
+        return self.attrs.get("val_accuracy")
+
+
+def knob_attrs(resolved: dict[str, Resolved], effective: dict[str, Any],
+               not_exercised: dict[str, str] | None = None) -> dict[str, dict[str, Any]]:
+    """Each knob's effective value: what the child read back for applied knobs, else the default;
+    a knob the user's script never exercised is not applied, with the reason."""
+    out: dict[str, dict[str, Any]] = {}
+    for name, entry in resolved.items():
+        attr = entry.as_attr()
+        if entry.applied and name in (not_exercised or {}):
+            out[name] = {"value": entry.value, "applied": False, "why": not_exercised[name]}  # type: ignore[index]
+            continue
+        if entry.applied and name in effective:
+            attr["value"] = effective[name]
+            if effective[name] != entry.value:
+                attr["why"] = f"requested {entry.value!r}, the framework used {effective[name]!r}"
+        out[name] = attr
+    return out
+
+
+def measurement_from_child(child: ChildResult, resolved: dict[str, Resolved], is_baseline: bool) -> Measurement:
+    data = child.data
+    outcome = "crash" if child.outcome == "error" else child.outcome
+    attrs: dict[str, Any] = {
+        "outcome": outcome,
+        "is_baseline": is_baseline,
+        "knobs": knob_attrs(resolved, data.get("knobs_effective", {}), data.get("not_exercised")),
+        "trial_seconds": round(child.wall_seconds, 3),
+    }
+    for key in ATTR_FIELDS:
+        if data.get(key) is not None:
+            attrs[key] = data[key]
+    if outcome == "pruned":
+        attrs["window_rates"] = [s["rate"] for s in data.get("segments", []) if not s["warmup"] and s["rate"]]
+    if "burst_seconds" in attrs:
+        attrs["overhead_seconds"] = round(child.wall_seconds - attrs["burst_seconds"], 3)
+    if child.failure:
+        attrs["failure"] = child.failure
+    if outcome != "ok" and child.output_tail and child.output_tail not in (child.failure or ""):
+        attrs["output_tail"] = child.output_tail  # for the trial's note: what it printed last
+    if outcome == "ok" and "samples_per_second" not in attrs:
+        attrs.update(outcome="crash", failure="the child reported no measured window")
+    return Measurement(attrs["outcome"], attrs)
+
+
+def measure_baseline(plan: Plan, resolved: dict[str, Resolved], tick: Callable[[float], None] | None = None,
+                     keep: Path | None = None, cancel: threading.Event | None = None,
+                     placements: list[Partition] | None = None) -> Measurement:
+    """The baseline, measured ``[guard] baseline_runs`` times with seeds seed, seed+1, ...: its
+    accuracy is their mean (their spread widens the guard), its rate their median. With several
+    ``placements`` (shares of one shape: nothing else runs beside the baseline) its runs go
+    side by side, one per share; else one after the other, the first alone."""
+    runs = plan.definition.guard.baseline_runs
+    side_by_side = bool(placements) and len(placements) > 1 and plan.definition.guard.accuracy  # type: ignore[arg-type]
+    shares = placements if side_by_side else [plan.placement]
+    measurements: list[Measurement] = []
+    for start in range(0, runs, len(shares)):  # (a batch of one share: one run after the other)
+        batch = range(start, min(runs, start + len(shares)))
+        with ThreadPoolExecutor(max_workers=len(batch), thread_name_prefix="knobtune-baseline") as pool:
+            futures = [pool.submit(measure, replace(plan, placement=shares[i - start]), resolved, True,  # type: ignore[index]
+                                   tick=tick if i == start else None, seed_offset=i, cancel=cancel,
+                                   keep=keep if i == 0 else None) for i in batch]
+            measurements += [f.result() for f in futures]
+        if measurements[0].outcome != "ok" or measurements[0].val_accuracy is None:
+            return measurements[0]  # (no accuracy to average: the first run is the baseline)
+    measured = measurements[0]
+    if runs < 2:
+        return measured
+    ok = [r for r in measurements if r.outcome == "ok" and r.val_accuracy is not None]
+    measured.attrs["baseline_runs"] = [{"seed_offset": i, "outcome": r.outcome, "val_accuracy": r.val_accuracy,
+                                      "samples_per_second": r.samples_per_second,
+                                      "placement": r.attrs.get("placement")}
+                                     for i, r in enumerate(measurements)]
+    measured.attrs["baseline_accuracies"] = [r.val_accuracy for r in ok]
+    measured.attrs["val_accuracy"] = statistics.fmean(r.val_accuracy for r in ok)  # type: ignore[misc]
+    rates = [r.samples_per_second for r in ok if r.samples_per_second]
+    if rates:
+        measured.attrs["samples_per_second"] = statistics.median(rates)
+    return measured
+
+
+def without_unexercised(plan: Plan, not_exercised: dict[str, str] | None) -> Plan:
+    """``plan`` with the knobs the script never exercises no longer searched (their values
+    cannot make a difference): each keeps the baseline's value (so a derived figure such as
+    the learning-rate scale does not move), and trials record it as not applied, with the reason."""
+    if not not_exercised:
+        return plan
+    offer = plan.offer
+    gone = [k for k in not_exercised if len(offer.choices.get(k, ())) > 1]
+    if not gone:
+        return plan
+    base = plan.space.defaults(plan.ctx, plan.definition.baseline)
+    choices = {k: ([base[k]] if k in gone else v) for k, v in offer.choices.items()}
+    return replace(plan, offer=replace(offer, choices=choices))
+
+
+def suggest(plan: Plan, trial: optuna.Trial) -> dict[str, Resolved]:
+    """Every knob's value for ``trial``: suggested by the sampler, or its default and why."""
+    return plan.space.resolve(plan.space.suggest(trial, plan.offer), plan.offer, plan.ctx)
+
+
+def measure(plan: Plan, resolved: dict[str, Resolved], is_baseline: bool,
+            tick: Callable[[float], None] | None = None,
+            watch: Callable[[list[dict[str, Any]]], str | None] | None = None, seed_offset: int = 0,
+            keep: Path | None = None, cancel: threading.Event | None = None) -> Measurement:
+    """Run the burst in a child and report what it measured (``watch`` may prune it). A
+    combination the space knows cannot train correctly here is ``invalid`` without a child.
+    ``keep``: a directory for the child's output and request (the trial's artifacts). The child
+    runs on ``plan.placement`` (a partition of the machine) when the run divides it."""
+    values = {name: r.value for name, r in resolved.items()}
+    problem = plan.space.invalid(values, plan.ctx)
+    if problem:
+        return measurement_from_child(ChildResult("invalid", {}, problem), resolved, is_baseline)
+    request = plan.request(values, seed_offset)
+    child = run_child(plan.definition.study.framework, "burst", request, plan.definition.burst.timeout_s,
+                      tick=tick, watch=watch, keep=keep, placement=plan.placement, cancel=cancel)
+    return measurement_from_child(child, resolved, is_baseline)
+
+
+def prune_rule(plan: Plan, study: optuna.Study) -> Callable[[list[dict[str, Any]]], str | None] | None:
+    """The early stop for this study's next trial, or None (pareto mode, pruning off, no best yet).
+
+    throughput: once half the windows (at least 2) are measured, stop when their median rate is
+    under ``prune_below`` x the best's. time-to-accuracy: stop when the training time already
+    spent is over the best's time to accuracy / ``prune_below``.
+    """
+    cfg = plan.definition.study
+    best = results.searched_best(study)
+    if cfg.objective == "pareto" or not cfg.prune_below or best is None:
+        return None
+    ratio, windows = cfg.prune_below, plan.definition.burst_windows()
+    if cfg.objective == "time-to-accuracy":
+        limit = best.value / ratio
+
+        def too_slow_to_target(segments: list[dict[str, Any]]) -> str | None:
+            spent = sum(s["seconds"] for s in segments)
+            if spent > limit:
+                return (f"pruned: {spent:.1f} s of training without reaching the target, over "
+                        f"{limit:.1f} s ({1 / ratio:.0f}x the best's {best.value:.1f} s, trial #{best.number})")
+            return None
+
+        return too_slow_to_target
+    best_rate = best.user_attrs["samples_per_second"]
+    need = max(2, windows // 2)
+
+    def too_slow(segments: list[dict[str, Any]]) -> str | None:
+        rates = [s["rate"] for s in segments if not s["warmup"] and s["rate"]]
+        if len(rates) < need or len(rates) >= windows:
+            return None
+        running = results.median(rates) or 0.0
+        if running < ratio * best_rate:
+            return (f"pruned after {len(rates)} of {windows} windows: {running:,.0f} samples/s is under "
+                    f"{ratio:.0%} of the best's {best_rate:,.0f} (trial #{best.number})")
+        return None
+
+    return too_slow
+
+
+def duplicate_of(study: optuna.Study, trial: optuna.Trial, running: set[int] = frozenset()) -> int | None:  # type: ignore[assignment]
+    """The number of a finished trial, or of one this run is measuring (``running``), with exactly
+    these params, if any. (A RUNNING trial of a run that died elsewhere does not count.)"""
+    params = trial.params
+    states = (TrialState.COMPLETE, TrialState.PRUNED, TrialState.RUNNING)
+    for other in study.get_trials(deepcopy=False, states=states):
+        if other.number == trial.number or (other.state == TrialState.RUNNING and other.number not in running):
+            continue
+        if other.params == params:
+            return other.number
+    return None
+
+
+def accuracy_floor(baseline_accuracies: list[float], max_drop: float) -> float:
+    """The accuracy a trial must reach: the baseline's mean accuracy minus ``max_drop``, minus the
+    baseline's own seed-to-seed spread (sample standard deviation; 0 with one measurement), so
+    that a configuration as good as the baseline is not rejected by the noise of one run."""
+    mean = statistics.fmean(baseline_accuracies)
+    spread = statistics.stdev(baseline_accuracies) if len(baseline_accuracies) > 1 else 0.0
+    return round(mean - max_drop - spread, 6)
+
+
+def final_floor(baseline_accuracies: list[float], max_drop: float) -> float:
+    """The floor of the final verdict, once every configuration in contention has been measured
+    with several seeds: the baseline's mean accuracy minus ``max_drop``, without the search's
+    allowance for noise (the candidates' own means are compared with it)."""
+    return round(statistics.fmean(baseline_accuracies) - max_drop, 6)
+
+
+def baseline_accuracies(attrs: dict[str, Any]) -> list[float]:
+    """Every held-out accuracy measured for a baseline trial (its runs with different seeds); none
+    when the study's accuracy guard is off and the job reported none."""
+    if attrs.get("baseline_accuracies"):
+        return list(attrs["baseline_accuracies"])
+    return [attrs["val_accuracy"]] if attrs.get("val_accuracy") is not None else []
+
+
+def objective_values(measured: Measurement, definition: Definition, base_accuracies: list[float] | None
+                     ) -> tuple[list[float], float, dict[str, Any]]:
+    """An ok trial's values (one per study direction), its accuracy constraint, extra attributes.
+    ``base_accuracies`` are the baseline's accuracies (None: this trial is the baseline)."""
+    cfg, a = definition.study, measured.attrs
+    extra: dict[str, Any] = {}
+    if cfg.job_samples:
+        extra["effective_samples_per_second"] = results.effective_rate(
+            a["samples_per_second"], a.get("warmup_seconds", 0.0), cfg.job_samples)
+    rate = extra.get("effective_samples_per_second", a["samples_per_second"])
+    if cfg.objective == "time-to-accuracy":
+        reached = [e["accuracy"] for e in a.get("evaluations", [])] + [a["val_accuracy"]]
+        extra["accuracy_reached"] = max(reached)
+        constraint = round(cfg.target_accuracy - extra["accuracy_reached"], 6)
+        if a.get("target_reached"):
+            constraint = min(constraint, 0.0)
+        # Not reached: the training time it spent without reaching the target (a real measurement).
+        seconds = a["time_to_accuracy"] if a.get("target_reached") else a.get("burst_seconds", 0.0)
+        return [seconds], constraint, extra
+    if not definition.guard.accuracy:  # [guard] accuracy = false: throughput alone
+        return [rate], 0.0, extra
+    reference = baseline_accuracies(a) if base_accuracies is None else base_accuracies
+    floor = accuracy_floor(reference, definition.guard.max_accuracy_drop)
+    extra["accuracy_floor"] = floor
+    constraint = round(floor - a["val_accuracy"], 6)
+    values = [rate, a["val_accuracy"]] if cfg.objective == "pareto" else [rate]
+    return values, constraint, extra
+
+
+def memory_constraint(attrs: dict[str, Any], definition: Definition) -> float | None:
+    """How far the trial's peak memory passes ``[guard] max_memory_fraction`` of what it may use
+    (the GPU's memory; on a CPU the host memory the child could grow into): > 0 is infeasible,
+    since production would have less headroom than asked for. None where either is unknown."""
+    peak, limit = attrs.get("peak_memory_mb"), attrs.get("memory_limit_mb")
+    if not peak or not limit:
+        return None
+    return round(peak / limit - definition.guard.max_memory_fraction, 6)
+
+
+def tell(study: optuna.Study, trial: optuna.Trial, measured: Measurement, definition: Definition,
+         base_accuracies: list[float] | None) -> None:
+    """Store the attributes and tell Optuna the values, constraints and state."""
+    cv = measured.attrs.get("samples_per_second_cv")
+    if cv is not None:
+        # a read-ahead the burst had no room to train through also makes the windows unreliable
+        measured.attrs["noisy"] = cv > definition.confirm.noise_cv or "unsettled" in measured.attrs
+    if measured.outcome == "pruned":
+        for key, value in measured.attrs.items():
+            trial.set_user_attr(key, value)
+        trial.set_user_attr("feasible", False)
+        if len(study.directions) == 1:
+            for step, rate in enumerate(measured.attrs.get("window_rates", [])):
+                trial.report(rate, step)
+        study.tell(trial, state=TrialState.PRUNED)
+        return
+    if measured.outcome == "ok" and (measured.val_accuracy is not None or not definition.guard.accuracy):
+        values, constraint, extra = objective_values(measured, definition, base_accuracies)
+        memory = memory_constraint(measured.attrs, definition)
+        if memory is not None:
+            extra["memory_fraction"] = round(measured.attrs["peak_memory_mb"] / measured.attrs["memory_limit_mb"], 4)
+        measured.attrs.update(extra, feasible=constraint <= 0 and (memory is None or memory <= 0))
+        for key, value in measured.attrs.items():
+            trial.set_user_attr(key, value)
+        trial.set_constraint("accuracy", constraint)
+        if memory is not None:
+            trial.set_constraint("memory", memory)
+        trial.set_constraint("outcome", 0.0)
+        study.tell(trial, values)
+    else:
+        measured.attrs["feasible"] = False
+        for key, value in measured.attrs.items():
+            trial.set_user_attr(key, value)
+        trial.set_constraint("accuracy", 1.0)
+        trial.set_constraint("outcome", 1.0)
+        study.tell(trial, state=TrialState.PRUNED)
