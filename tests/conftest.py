@@ -58,6 +58,43 @@ def data_cache(tmp_path_factory: pytest.TempPathFactory) -> Path:
     return cache
 
 
+@pytest.fixture(scope="session", autouse=True)
+def shared_fork_servers(data_cache: Path, tmp_path_factory: pytest.TempPathFactory):
+    """One warm server per framework for the session, shared by every knobtune process a test
+    starts (the product's shared mode, KNOBTUNE_FORK_SERVER_DIR): their children are forked from
+    it instead of each run importing the framework again. Tests about a run's own servers and
+    children use ``private_fork_servers``."""
+    from knobtune.search.launch import forkserver
+
+    folder = tmp_path_factory.mktemp("forkservers")
+    frameworks = ["pytorch"] * _installed("torch") + ["tensorflow"] * HAVE_TENSORFLOW
+    with open(folder / "servers.log", "ab") as log:
+        started = [forkserver.start_shared(framework, folder, stderr=log) for framework in frameworks]
+    for framework, proc in zip(frameworks, started):
+        problem = forkserver.wait_shared(proc)
+        if problem:  # the tests still pass, each run starting its own server: slower
+            print(f"\nno shared {framework} server for this session: {problem}", file=sys.stderr)
+    os.environ[forkserver.SHARED_DIR] = str(folder)
+    yield folder
+    os.environ.pop(forkserver.SHARED_DIR, None)
+    for proc in started:
+        assert proc.stdin is not None
+        proc.stdin.close()
+        try:
+            proc.wait(timeout=30)
+        except subprocess.TimeoutExpired:
+            proc.kill()
+
+
+@pytest.fixture
+def private_fork_servers(monkeypatch: pytest.MonkeyPatch) -> None:
+    """No shared server: each knobtune process starts its own, so its trial children are its own
+    descendants (the tests of process groups, Ctrl-C and killed runs look for them there)."""
+    from knobtune.search.launch import forkserver
+
+    monkeypatch.delenv(forkserver.SHARED_DIR, raising=False)
+
+
 def knobtune(*args: str, cwd: Path, timeout: float = 600, check: int | None = None) -> subprocess.CompletedProcess:
     """Run the real ``knobtune`` CLI in a fresh process."""
     proc = subprocess.run(

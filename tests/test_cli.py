@@ -170,6 +170,7 @@ def test_resume_continues_to_the_requested_trials(tmp_path: Path):
     assert "different definition" in proc.stderr and "train_samples: 640 -> 960" in proc.stderr
 
 
+@pytest.mark.usefixtures("private_fork_servers")
 def test_ctrl_c_stops_cleanly_and_keeps_finished_trials(tmp_path: Path):
     body = slow_trials(STUDY.format(burst=TINY_BURST.replace("timeout_s = 120", "timeout_s = 600")))
     path = study_file(tmp_path, body.replace("trials = 3", "trials = 6"))
@@ -213,6 +214,7 @@ def test_ctrl_c_stops_cleanly_and_keeps_finished_trials(tmp_path: Path):
     assert f"resuming, {len(done)} trials done" in proc2.stderr
 
 
+@pytest.mark.usefixtures("private_fork_servers")
 def test_a_second_run_of_a_live_study_is_refused_and_a_killed_run_frees_it(tmp_path: Path):
     body = slow_trials(STUDY.format(burst=TINY_BURST.replace("timeout_s = 120", "timeout_s = 600")))
     path = study_file(tmp_path, body.replace("trials = 3", "trials = 8"))
@@ -353,6 +355,7 @@ def test_env_prints_the_fingerprint(tmp_path: Path):
     assert report["frameworks"]["pytorch"]["torch"].startswith("2.")
 
 
+@pytest.mark.usefixtures("private_fork_servers")
 def test_a_killed_run_leaves_no_trial_running_and_resumes(tmp_path: Path):
     body = STUDY.format(burst=TINY_BURST.replace("timeout_s = 120", "timeout_s = 600"))
     body = body.replace('workload = "kt_test_workloads:tiny"', 'workload = "kt_test_workloads:sleepy"')

@@ -9,7 +9,9 @@ import pytest
 from knobtune.search.launch.runner import run_child
 from knobtune.spaces import for_framework
 
-pytestmark = pytest.mark.cuda
+# (the server tests read the pids of the servers this process started itself)
+pytestmark = [pytest.mark.cuda, pytest.mark.usefixtures("private_fork_servers")]
+
 BURST = {"train_samples": 2048, "warmup_samples": 256, "windows": 4, "seed": 0}
 CTX = {"hardware": {"cuda": True, "bf16": True, "tf32": True, "usable_cores": 4}, "workload": {"batch_size": 64}}
 
@@ -130,7 +132,8 @@ def test_forked_children_each_set_up_cuda_and_cudnn_their_own_way():
         applied = child.data["applied"]
         seen.append((applied["cudnn_benchmark"], applied["matmul_precision"]))
     assert seen == [(True, "high"), (False, "highest"), (True, "highest")]
-    servers = {s.proc.pid for k, s in forkserver._servers.items() if k[0] == "pytorch"}
+    servers = {s.proc.pid for k, s in forkserver._servers.items()
+               if k[0] == "pytorch" and not isinstance(s, forkserver.SharedServer)}
     if servers and shutil.which("nvidia-smi"):
         apps = subprocess.run(["nvidia-smi", "--query-compute-apps=pid", "--format=csv,noheader"],
                               capture_output=True, text=True).stdout.split()

@@ -20,6 +20,9 @@ from knobtune.search.launch import forkserver
 from knobtune.search.launch.runner import group_members, run_child
 from knobtune.spaces import for_framework
 
+# these tests are about the servers a process starts itself (or read their pids)
+pytestmark = pytest.mark.usefixtures("private_fork_servers")
+
 ROOT = Path(__file__).resolve().parent.parent
 BURST = {"train_samples": 640, "warmup_samples": 64, "windows": 3, "seed": 0}
 CPU_CTX = {"hardware": {"cuda": False, "bf16": True, "usable_cores": 2}, "workload": {"batch_size": 32}}
@@ -33,7 +36,8 @@ def burst(framework: str = "pytorch", workload: str = "kt_test_workloads:tiny", 
 
 
 def server_pids(framework: str) -> set[int]:
-    return {s.proc.pid for k, s in forkserver._servers.items() if k[0] == framework and s.alive()}
+    return {s.proc.pid for k, s in forkserver._servers.items()
+            if k[0] == framework and s.alive() and not isinstance(s, forkserver.SharedServer)}
 
 
 def wait_for(check, timeout: float, what: str) -> None:
@@ -143,3 +147,44 @@ def test_forked_tensorflow_children_each_see_their_own_threads():
         assert child.data["child_start"] == "forked"
         seen.append(child.data["knobs_effective"]["intra_op_threads"])
     assert seen == [1, 2]
+
+
+def test_a_shared_server_forks_for_other_processes_and_refuses_another_environment_or_affinity(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capfd: pytest.CaptureFixture[str]):
+    listener = forkserver.start_shared("pytorch", tmp_path)
+    cores = sorted(os.sched_getaffinity(0))
+    try:
+        assert forkserver.wait_shared(listener) is None and (tmp_path / "pytorch.sock").exists()
+        forkserver.shutdown()
+        monkeypatch.setenv(forkserver.SHARED_DIR, str(tmp_path))
+        result: list[Any] = []
+        runner = threading.Thread(target=lambda: result.append(burst(workload="kt_test_workloads:sleepy",
+                                                                     options={"seconds": 0.004})))
+        runner.start()
+        # the child is forked by the shared server (for this connection), not by a server of ours
+        wait_for(lambda: any(p.name() == "kt-burst" for p in psutil.Process(listener.pid).children(recursive=True)),
+                 60, "a child forked by the shared server")
+        runner.join(120)
+        (child,) = result
+        assert child.outcome == "ok" and child.data["child_start"] == "forked", child.failure
+        assert not server_pids("pytorch")  # no private server was started
+        # another environment (an import may have read it) is refused
+        other = forkserver.SharedServer("pytorch", str(tmp_path / "pytorch.sock"),
+                                        {**os.environ, "PYTHONUNBUFFERED": "1", "KT_ANOTHER_SETTING": "1"})
+        assert "KT_ANOTHER_SETTING" in (other.wait_ready() or "") and other.refused
+        other.close()
+        # so is another CPU affinity: a private server, started with it, serves the process
+        forkserver.shutdown()
+        os.sched_setaffinity(0, cores[:1])
+        pinned = burst(intra_op_threads=0)
+        assert pinned.outcome == "ok" and pinned.data["child_start"] == "forked", pinned.failure
+        assert pinned.data["applied"]["torch_threads"] == 1  # torch's default: one thread per core it may use
+        assert len(server_pids("pytorch")) == 1
+        assert "shared pytorch server is not used" in capfd.readouterr().err
+    finally:
+        os.sched_setaffinity(0, cores)
+        forkserver.shutdown()
+        assert listener.stdin is not None
+        listener.stdin.close()
+        listener.wait(timeout=30)
+    assert not (tmp_path / "pytorch.sock").exists()  # closing its stdin ends it

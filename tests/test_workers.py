@@ -178,6 +178,7 @@ def _children_of(directory: Path) -> list[psutil.Process]:
     return found
 
 
+@pytest.mark.usefixtures("private_fork_servers")
 def test_a_killed_worker_trial_is_rerun_and_ctrl_c_stops_one_worker(tmp_path: Path, server: PostgresServer):
     url = server.database("faults")
     path = study_file(tmp_path, STUDY.format(workload="kt_test_workloads:paced", trials=3, burst=TINY_BURST,

@@ -6,6 +6,13 @@ CPU affinity its children would have had, so a child differs from a fresh proces
 paying the imports. A server serves one child at a time; a request that finds its server busy,
 or a server that cannot start, runs as a fresh process (the server's failure is said once).
 ``KNOBTUNE_FORK_SERVER=0`` turns the warm start off.
+
+Shared servers: with ``KNOBTUNE_FORK_SERVER_DIR`` naming a folder where ``FRAMEWORK.sock`` sockets
+of listening servers are (``start_shared``), a process whose children need no partition connects
+to the framework's shared server instead of starting its own: the imports are paid once for every
+knobtune process on the machine (the test suite's session does this). The shared server forks a
+process for the connection that serves it as a private server would; it refuses a process whose
+environment or CPU affinity differs from its own (then a private server starts).
 """
 from __future__ import annotations
 
@@ -13,6 +20,7 @@ import atexit
 import json
 import os
 import select
+import socket
 import subprocess
 import sys
 import tempfile
@@ -24,7 +32,9 @@ from typing import Any
 from knobtune.search.launch.partition import Partition
 
 ENV_SWITCH = "KNOBTUNE_FORK_SERVER"
+SHARED_DIR = "KNOBTUNE_FORK_SERVER_DIR"
 READY_TIMEOUT_S = 300.0
+SHARED_READY_TIMEOUT_S = 30.0
 # Frameworks whose children may be forked from a server (see the module docstring of
 # trainers/common/forkserver.py for what the server must not have started).
 FORKABLE = ("pytorch", "tensorflow")
@@ -102,14 +112,17 @@ class Server:
     def alive(self) -> bool:
         return self.proc.poll() is None
 
+    def _send(self, message: dict[str, Any]) -> None:
+        assert self.proc.stdin is not None
+        self.proc.stdin.write((json.dumps(message) + "\n").encode())
+        self.proc.stdin.flush()
+
     def start(self, argv: list[str], env: dict[str, str], cwd: str, log: Path) -> "ForkedChild":
         """Fork a child running ``python -m knobtune.trainers.<framework> ARGV`` (ServerLost if the server
         is gone)."""
         request = {"argv": argv, "env": env, "cwd": cwd, "log": str(log)}
         try:
-            assert self.proc.stdin is not None
-            self.proc.stdin.write((json.dumps(request) + "\n").encode())
-            self.proc.stdin.flush()
+            self._send(request)
             message = self.lines.read(60.0)
         except (BrokenPipeError, OSError) as exc:
             raise ServerLost(f"the fork server is gone ({exc})") from None
@@ -142,6 +155,82 @@ class Server:
                     stream.close()
             except OSError:
                 pass
+
+
+class SharedServer(Server):
+    """A connection to a shared server (``start_shared``): the process it forked for this
+    connection serves it as a private server would."""
+
+    def __init__(self, framework: str, path: str, env: dict[str, str]) -> None:  # noqa: D107 (no super: no process)
+        self.framework, self.path = framework, path
+        self.busy = threading.Lock()
+        self.info: dict[str, Any] = {}
+        self.refused = False
+        self._closed = False
+        self.sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+        try:
+            self.sock.connect(path)
+            self._send({"hello": {"env": env, "cores": sorted(os.sched_getaffinity(0))}})
+        except OSError:
+            self.sock.close()
+            raise
+        self.lines = _Lines(self.sock.fileno())
+
+    def wait_ready(self, timeout: float = SHARED_READY_TIMEOUT_S) -> str | None:
+        problem = super().wait_ready(timeout)
+        if problem is None and not self.info.get("shared"):
+            problem = f"{self.path} answered {self.info!r}, expected a shared server"
+        self.refused = problem is not None
+        return problem
+
+    def alive(self) -> bool:
+        return not self._closed
+
+    def _send(self, message: dict[str, Any]) -> None:
+        self.sock.sendall((json.dumps(message) + "\n").encode())
+
+    def stderr_tail(self, chars: int = 1000) -> str:
+        return ""  # (the shared server's output goes where whoever started it sent it)
+
+    def close(self, wait_s: float = 5.0) -> None:
+        self._closed = True
+        try:
+            self.sock.close()
+        except OSError:
+            pass
+
+
+def shared_socket(framework: str, env: dict[str, str]) -> str | None:
+    """The socket of ``framework``'s shared server, when ``KNOBTUNE_FORK_SERVER_DIR`` names one."""
+    folder = env.get(SHARED_DIR, "").strip()
+    if not folder:
+        return None
+    path = Path(folder) / f"{framework}.sock"
+    return str(path) if path.exists() else None
+
+
+def start_shared(framework: str, folder: Path, env: dict[str, str] | None = None,
+                 stderr: Any = subprocess.DEVNULL) -> subprocess.Popen[bytes]:
+    """Start ``framework``'s shared server on ``folder/FRAMEWORK.sock``, in the environment its
+    clients' children will have (default: this process's, as ``run_child`` gives its children).
+    It ends when the returned process's stdin is closed; ``wait_shared`` waits until it listens."""
+    env = {**os.environ, "PYTHONUNBUFFERED": "1"} if env is None else env
+    return subprocess.Popen(
+        [sys.executable, "-m", "knobtune.trainers.common.forkserver", framework, "--listen",
+         str(Path(folder) / f"{framework}.sock")],
+        stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=stderr, env=env, start_new_session=True)
+
+
+def wait_shared(proc: subprocess.Popen[bytes], timeout: float = READY_TIMEOUT_S) -> str | None:
+    """None once a ``start_shared`` server listens, else why it does not."""
+    assert proc.stdout is not None
+    try:
+        message = _Lines(proc.stdout.fileno()).read(timeout)
+    except ServerLost as exc:
+        return str(exc)
+    if message is None:
+        return f"not listening after {timeout:g} s"
+    return None if message.get("ready") else str(message.get("error") or message)
 
 
 class ForkedChild:
@@ -185,6 +274,7 @@ class ForkedChild:
 
 _servers: dict[tuple[Any, ...], Server] = {}
 _failed: dict[str, str] = {}
+_refused: set[tuple[Any, ...]] = set()  # environments a shared server refused: served privately
 _starting: dict[tuple[Any, ...], threading.Lock] = {}
 _lock = threading.Lock()
 
@@ -210,6 +300,11 @@ def acquire(framework: str, env: dict[str, str], placement: Partition | None) ->
         if server is not None and not server.alive():
             discard(server)
             server = None
+        if server is None and placement is None:
+            server = _connect_shared(framework, env, key)
+            if server is not None:
+                with _lock:
+                    _servers[key] = server
         if server is None:
             server = Server(framework, env, placement)
             problem = server.wait_ready()
@@ -226,6 +321,29 @@ def acquire(framework: str, env: dict[str, str], placement: Partition | None) ->
             for old in stale:  # the environment changed since: its server will not be asked again
                 _close_if_idle(old)
     return server if server.busy.acquire(blocking=False) else None
+
+
+def _connect_shared(framework: str, env: dict[str, str], key: tuple[Any, ...]) -> Server | None:
+    """A ready connection to ``framework``'s shared server, or None (none, or it refused: said once)."""
+    path = shared_socket(framework, env)
+    if path is None or key in _refused:
+        return None
+    try:
+        server = SharedServer(framework, path, env)
+    except OSError as exc:  # a server that has gone, leaving its socket file
+        problem: str | None = f"cannot connect to {path} ({exc.strerror or exc})"
+    else:
+        problem = server.wait_ready()
+        if problem is None:
+            return server
+        server.close()
+    with _lock:
+        first = framework not in {k[0] for k in _refused}
+        _refused.add(key)
+    if first:
+        print(f"knobtune: the shared {framework} server is not used ({problem}); this run starts its own",
+              file=sys.stderr, flush=True)
+    return None
 
 
 def _close_if_idle(key: tuple[Any, ...]) -> None:

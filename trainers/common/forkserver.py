@@ -14,6 +14,14 @@ imports are done. Each request ``{"argv", "env", "cwd", "log"}`` on stdin is ans
 ``{"pid": P}`` when the child runs and ``{"exit": S}`` (the exit code, or minus the signal) when it
 has ended. The server serves one child at a time. When stdin closes (the parent ended, however
 it ended) the server kills the child's process group and exits.
+
+Shared (``FRAMEWORK --listen SOCKET``): one warm server for every knobtune process of the
+machine, as a test session or a box running many short studies wants. It listens on a Unix
+socket and forks a process per connection, which speaks the protocol above over the socket after a
+handshake: ``{"hello": {"env": ...}}`` is answered ``{"ready": true}``, or ``{"ready": false,
+"refused": true}`` when the client's environment differs from the server's (in anything but
+``IGNORED``, which no import reads), or its CPU affinity from the server's (an import may have read either:
+OpenMP sizes its thread pool from the affinity). The client then starts a private server.
 """
 from __future__ import annotations
 
@@ -23,10 +31,11 @@ import os
 import random
 import select
 import signal
+import socket
 import sys
 import time
 import traceback
-from typing import Any
+from typing import Any, Callable
 
 PR_SET_PDEATHSIG = 1
 
@@ -168,31 +177,32 @@ def _wait(pid: int, stdin_fd: int) -> int | None:
             os.close(pidfd)
 
 
-def serve(framework: str) -> int:
-    start = time.monotonic()
+def _warm_up(framework: str) -> dict[str, Any]:
+    """The server's state once its imports are done; RuntimeError when forking would be unsafe."""
     before = dict(os.environ)
-    try:
-        state = warm(framework)
-        # what the imports set for themselves (TF_CPP_MIN_LOG_LEVEL): a fresh child's imports would too
-        state["imports_set"] = {k: v for k, v in os.environ.items() if before.get(k) != v}
-        problem = unsafe_to_fork(framework)
-        if problem:
-            raise RuntimeError(f"{problem}: forking children from it would be unsafe")
-    except Exception as exc:  # noqa: BLE001 - the parent falls back to a fresh process per trial
-        _say({"ready": False, "error": f"{type(exc).__name__}: {exc}"})
-        return 1
-    _say({"ready": True, "threads": thread_count(), "import_seconds": round(time.monotonic() - start, 3)})
-    stdin_fd = sys.stdin.fileno()
+    state = warm(framework)
+    # what the imports set for themselves (TF_CPP_MIN_LOG_LEVEL): a fresh child's imports would too
+    state["imports_set"] = {k: v for k, v in os.environ.items() if before.get(k) != v}
+    state["environ"] = before
+    state["cores"] = sorted(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else None
+    problem = unsafe_to_fork(framework)
+    if problem:
+        raise RuntimeError(f"{problem}: forking children from it would be unsafe")
+    return state
+
+
+def _serve(framework: str, state: dict[str, Any], in_fd: int, say: Callable[[dict[str, Any]], None]) -> int:
+    """Fork a child per request read from ``in_fd``, one at a time, until ``in_fd`` closes."""
     buffer = b""
     while True:
         while b"\n" not in buffer:
-            chunk = os.read(stdin_fd, 65536)
+            chunk = os.read(in_fd, 65536)
             if not chunk:
                 return 0
             buffer += chunk
         line, buffer = buffer.split(b"\n", 1)
         if buffer:  # one request at a time: anything more is a protocol error
-            _say({"error": "a second request arrived while one was pending"})
+            say({"error": "a second request arrived while one was pending"})
             return 1
         request = json.loads(line)
         sys.stdout.flush()
@@ -201,16 +211,131 @@ def serve(framework: str) -> int:
         pid = os.fork()
         if pid == 0:
             _become_child(framework, state, request, server_pid)
-        _say({"pid": pid})
-        code = _wait(pid, stdin_fd)
+        say({"pid": pid})
+        code = _wait(pid, in_fd)
         if code is None:
             _kill_group(pid)
             os.waitpid(pid, 0)
             return 0
-        _say({"exit": code})
+        say({"exit": code})
 
+
+def serve(framework: str) -> int:
+    """The private server: requests on stdin, answers on stdout, for the one process that started it."""
+    start = time.monotonic()
+    try:
+        state = _warm_up(framework)
+    except Exception as exc:  # noqa: BLE001 - the parent falls back to a fresh process per trial
+        _say({"ready": False, "error": f"{type(exc).__name__}: {exc}"})
+        return 1
+    _say({"ready": True, "threads": thread_count(), "import_seconds": round(time.monotonic() - start, 3)})
+    return _serve(framework, state, sys.stdin.fileno(), _say)
+
+
+# Variables no import reads: knobtune's own (a child reads them when it runs), a test runner's
+# current test, the terminal's size and the shell's bookkeeping. Any other difference is refused.
+IGNORED_PREFIXES = ("KNOBTUNE_", "PYTEST_")
+IGNORED = frozenset({"COLUMNS", "LINES", "PWD", "OLDPWD", "SHLVL", "_"})
+
+
+def environment_differences(mine: dict[str, str], theirs: dict[str, str]) -> list[str]:
+    """The variables (names only) that may make a child of this server differ from a fresh
+    process started in ``theirs``."""
+    keys = {k for k in mine.keys() | theirs.keys() if k not in IGNORED and not k.startswith(IGNORED_PREFIXES)}
+    return sorted(k for k in keys if mine.get(k) != theirs.get(k))
+
+
+def _connection(framework: str, state: dict[str, Any], conn: socket.socket) -> int:
+    """In a process forked per connection: the handshake, then the private server's protocol."""
+    fd = conn.fileno()
+
+    def say(message: dict[str, Any]) -> None:
+        conn.sendall((json.dumps(message) + "\n").encode())
+
+    buffer = b""
+    while b"\n" not in buffer:
+        chunk = os.read(fd, 65536)
+        if not chunk:
+            return 0
+        buffer += chunk
+    line, rest = buffer.split(b"\n", 1)
+    hello = json.loads(line).get("hello") or {}
+    differs = environment_differences(state["environ"], hello.get("env") or {})
+    if differs:
+        say({"ready": False, "refused": True,
+             "error": f"this server was started in another environment (it differs in {', '.join(differs[:8])})"})
+        return 0
+    if rest:
+        say({"error": "a request arrived before the server was ready"})
+        return 1
+    cores = hello.get("cores")
+    if cores is not None and sorted(cores) != state["cores"]:  # OpenMP sized its pool from it on import
+        say({"ready": False, "refused": True,
+             "error": f"this server may use cores {state['cores']}, the client {sorted(cores)}"})
+        return 0
+    say({"ready": True, "threads": thread_count(), "shared": True})
+    return _serve(framework, state, fd, say)
+
+
+def listen(framework: str, path: str) -> int:
+    """The shared server: warm once, then serve every knobtune process of this machine that
+    connects to the Unix socket ``path`` and has the same environment, each connection in a
+    process forked for it (so each gets the private server's protocol and isolation). Says
+    ``{"ready": ...}`` on stdout once listening; ends when its stdin closes."""
+    start = time.monotonic()
+    try:
+        state = _warm_up(framework)
+    except Exception as exc:  # noqa: BLE001
+        _say({"ready": False, "error": f"{type(exc).__name__}: {exc}"})
+        return 1
+    if os.path.exists(path):
+        os.unlink(path)
+    listener = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+    listener.bind(path)
+    listener.listen(64)
+    _say({"ready": True, "listening": path, "import_seconds": round(time.monotonic() - start, 3)})
+    stdin_fd = sys.stdin.fileno()
+    try:
+        while True:
+            ready, _, _ = select.select([listener, stdin_fd], [], [], 1.0)
+            while True:  # reap the connections' processes that have ended
+                try:
+                    done, _ = os.waitpid(-1, os.WNOHANG)
+                except ChildProcessError:
+                    break
+                if not done:
+                    break
+            if stdin_fd in ready and not os.read(stdin_fd, 1):
+                return 0
+            if listener not in ready:
+                continue
+            conn, _ = listener.accept()
+            sys.stdout.flush()
+            sys.stderr.flush()
+            if os.fork() == 0:
+                code = 1
+                try:
+                    listener.close()
+                    os.close(stdin_fd)
+                    code = _connection(framework, state, conn)
+                except BaseException:  # noqa: BLE001 - this connection's client sees it closed
+                    traceback.print_exc()
+                finally:
+                    os._exit(code)
+            conn.close()
+    finally:
+        listener.close()
+        try:
+            os.unlink(path)
+        except OSError:
+            pass
+
+
+USAGE = "usage: python -m knobtune.trainers.common.forkserver FRAMEWORK [--listen SOCKET]"
 
 if __name__ == "__main__":
-    if len(sys.argv) != 2:
-        sys.exit(f"usage: python -m knobtune.trainers.common.forkserver FRAMEWORK (got {sys.argv[1:]})")
-    sys.exit(serve(sys.argv[1]))
+    if len(sys.argv) == 2:
+        sys.exit(serve(sys.argv[1]))
+    if len(sys.argv) == 4 and sys.argv[2] == "--listen":
+        sys.exit(listen(sys.argv[1], sys.argv[3]))
+    sys.exit(f"{USAGE} (got {sys.argv[1:]})")
