@@ -4,6 +4,7 @@ headless Chromium against `knobtune dashboard`."""
 from __future__ import annotations
 
 import json
+import os
 import socket
 import subprocess
 import sys
@@ -226,3 +227,15 @@ def test_the_dashboard_shows_the_story_metric_and_artifacts_in_chromium(watched:
     finally:
         server.terminate()
         server.wait(timeout=30)
+
+
+def test_the_note_api_leaves_the_environment_the_trial_children_get_unchanged():
+    # optuna-dashboard imports scikit-learn, which sets KMP_* variables for itself; a child started
+    # after the first note would inherit them, and the warm server (one per environment) would start
+    # again for the second trial
+    probe = ("import os, sys; before = dict(os.environ); from knobtune.search.story import notes; notes._note_api(); "
+             "assert 'sklearn' in sys.modules; print(sorted(set(os.environ.items()) ^ set(before.items())))")
+    env = {k: v for k, v in os.environ.items() if not k.startswith("KMP_")}
+    proc = subprocess.run([sys.executable, "-c", probe], capture_output=True, text=True, env=env, timeout=120)
+    assert proc.returncode == 0, proc.stderr
+    assert proc.stdout.strip() == "[]"

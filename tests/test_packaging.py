@@ -24,6 +24,10 @@ _MODULE_STRING = re.compile(r"(search|spaces|trainers)\.\w")
 _RUN_MODULE = re.compile(r"-m\s+(search|spaces|trainers)\b")
 
 
+# (benchmarks/trial_path.py runs an older checkout's own entry point, to compare the two)
+ALLOWED = {("benchmarks/trial_path.py", "search.cli")}
+
+
 def _python_files() -> list[Path]:
     skip = {".git", ".venv", "build", "dist", "__pycache__", ".pytest_cache"}
     return sorted(p for p in ROOT.rglob("*.py") if not skip.intersection(p.relative_to(ROOT).parts))
@@ -44,7 +48,8 @@ def test_no_module_imports_the_old_top_level_names():
                 if _MODULE_STRING.match(node.value) or _RUN_MODULE.search(node.value):
                     names = [node.value]
             offenders += [f"{path.relative_to(ROOT)}:{node.lineno}: {name}" for name in names
-                          if name.split(".")[0] in OLD_NAMES or _RUN_MODULE.search(name)]
+                          if (name.split(".")[0] in OLD_NAMES or _RUN_MODULE.search(name))
+                          and (str(path.relative_to(ROOT)), name) not in ALLOWED]
     # and the command lines and docs that name a module to run or import
     pattern = re.compile(r"(-m|from|import)\s+(search|spaces|trainers)\.")
     for path in [ROOT / "README.md", *ROOT.glob("docs/*.md"), *ROOT.glob("benchmarks/*.sh"),

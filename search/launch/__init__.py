@@ -8,8 +8,9 @@
 """
 from __future__ import annotations
 
+# (no name here is also a module's: ``from knobtune.search.launch import probe`` is the module)
 from knobtune.search.launch.partition import Partition
-from knobtune.search.launch.probe import framework_installed, probe, probe_study
+from knobtune.search.launch.probe import framework_installed, probe_study
 from knobtune.search.launch.runner import ChildResult, run_child
 
-__all__ = ["ChildResult", "Partition", "framework_installed", "probe", "probe_study", "run_child"]
+__all__ = ["ChildResult", "Partition", "framework_installed", "probe_study", "run_child"]

@@ -11,10 +11,9 @@
 """
 from __future__ import annotations
 
+# (no name here is also a module's: ``from knobtune.search.story import snippet`` is the module)
 from knobtune.search.story.export import best_config, load_existing, study_names
 from knobtune.search.story.progress import Progress, rate
-from knobtune.search.story.snippet import snippet
 from knobtune.search.story.summary import study_summary, trial_line
 
-__all__ = ["Progress", "best_config", "load_existing", "rate", "snippet", "study_names", "study_summary",
-           "trial_line"]
+__all__ = ["Progress", "best_config", "load_existing", "rate", "study_names", "study_summary", "trial_line"]

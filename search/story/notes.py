@@ -6,6 +6,7 @@ during the run is current. Only notes whose text changed are written again.
 """
 from __future__ import annotations
 
+import os
 import warnings
 from typing import Any
 
@@ -14,8 +15,24 @@ import optuna
 from knobtune.search.story import findings, results
 
 
+def _note_api() -> Any:
+    """optuna-dashboard's note functions. Importing them imports scikit-learn, which sets
+    KMP_DUPLICATE_LIB_OK and KMP_INIT_AT_FORK in this process's environment for itself: they are
+    put back as they were, or every later trial child would inherit them (and the warm server,
+    started per environment, would be started a second time for the study's second trial)."""
+    before = dict(os.environ)
+    import optuna_dashboard._note as note
+
+    for name in set(os.environ) - set(before):
+        del os.environ[name]
+    for name, value in before.items():
+        if os.environ.get(name) != value:
+            os.environ[name] = value
+    return note
+
+
 def _notes_of(storage: Any, study_id: int) -> dict[int | None, str]:
-    from optuna_dashboard._note import get_note_from_system_attrs
+    get_note_from_system_attrs = _note_api().get_note_from_system_attrs
 
     attrs = storage.get_study_system_attrs(study_id)
     ids = {int(key.split(":")[1]) for key in attrs if key.startswith("dashboard:") and key.endswith(":note_ver")
@@ -27,9 +44,7 @@ def _notes_of(storage: Any, study_id: int) -> dict[int | None, str]:
 
 
 def _save(storage: Any, study_id: int, trial_id: int | None, body: str, version: int) -> None:
-    from optuna_dashboard._note import save_note_with_version
-
-    save_note_with_version(storage, study_id, trial_id, version, body)
+    _note_api().save_note_with_version(storage, study_id, trial_id, version, body)
 
 
 def name_metrics(study: optuna.Study) -> None:
@@ -44,8 +59,8 @@ def name_metrics(study: optuna.Study) -> None:
 def publish(study: optuna.Study, url: str, stage: str | None = None) -> None:
     """Write the study note and every trial note that changed (a trial that no longer needs
     one, a former "best so far", gets an empty note)."""
-    from optuna_dashboard._note import get_note_from_system_attrs, note_ver_key
-
+    note = _note_api()
+    get_note_from_system_attrs, note_ver_key = note.get_note_from_system_attrs, note.note_ver_key
     storage, study_id = study._storage, study._study_id
     current = _notes_of(storage, study_id)
     attrs = storage.get_study_system_attrs(study_id)
