@@ -65,9 +65,6 @@ def shared_fork_servers(data_cache: Path, tmp_path_factory: pytest.TempPathFacto
     it instead of each run importing the framework again. Tests about a run's own servers and
     children use ``private_fork_servers``."""
     from knobtune.search.launch import forkserver
-    from knobtune.search.story import notes
-
-    notes._note_api()  # (its import is the one that would touch this process's environment: done first)
     folder = tmp_path_factory.mktemp("forkservers")
     frameworks = ["pytorch"] * _installed("torch") + ["tensorflow"] * HAVE_TENSORFLOW
     with open(folder / "servers.log", "ab") as log:

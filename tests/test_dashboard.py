@@ -229,13 +229,33 @@ def test_the_dashboard_shows_the_story_metric_and_artifacts_in_chromium(watched:
         server.wait(timeout=30)
 
 
-def test_the_note_api_leaves_the_environment_the_trial_children_get_unchanged():
-    # optuna-dashboard imports scikit-learn, which sets KMP_* variables for itself; a child started
-    # after the first note would inherit them, and the warm server (one per environment) would start
-    # again for the second trial
-    probe = ("import os, sys; before = dict(os.environ); from knobtune.search.story import notes; notes._note_api(); "
-             "assert 'sklearn' in sys.modules; print(sorted(set(os.environ.items()) ^ set(before.items())))")
+def test_notes_are_in_the_dashboards_own_format_long_short_and_either_way():
+    study = optuna.create_study(storage=optuna.storages.InMemoryStorage())
+    study.optimize(lambda t: t.suggest_float("x", 0, 1), n_trials=1)
+    storage, sid, tid = study._storage, study._study_id, study.trials[0]._trial_id
+    long = "".join(f"line {i} of a long note\n" for i in range(400))  # several of the dashboard's chunks
+    for trial_id in (None, tid):
+        for version, body in enumerate((long, "now short", ""), start=1):
+            notes._save(storage, sid, trial_id, body, version, storage.get_study_system_attrs(sid))
+            attrs = storage.get_study_system_attrs(sid)
+            assert note_of(study, None if trial_id is None else study.trials[0]) == (body, version)
+            assert notes.read_note(attrs, trial_id) == (version, body)
+    # and what the dashboard itself wrote (a user's note) is read as it reads it
+    from optuna_dashboard._note import save_note_with_version
+
+    save_note_with_version(storage, sid, tid, 9, long)
+    assert notes.read_note(storage.get_study_system_attrs(sid), tid) == (9, long)
+
+
+def test_writing_notes_leaves_the_environment_the_trial_children_get_unchanged():
+    # optuna-dashboard's import (scikit-learn's) sets KMP_* variables: a run that imported it for its
+    # first note passed them to every later child, and its warm server (one per environment) started
+    # a second time
+    probe = ("import os, sys, optuna; before = dict(os.environ); from knobtune.search.story import notes; "
+             "study = optuna.create_study(storage=optuna.storages.InMemoryStorage()); "
+             "notes.publish(study, 'sqlite:///x.db'); "
+             "print(sorted(set(os.environ.items()) ^ set(before.items())), 'sklearn' in sys.modules)")
     env = {k: v for k, v in os.environ.items() if not k.startswith("KMP_")}
     proc = subprocess.run([sys.executable, "-c", probe], capture_output=True, text=True, env=env, timeout=120)
     assert proc.returncode == 0, proc.stderr
-    assert proc.stdout.strip() == "[]"
+    assert proc.stdout.strip() == "[] False"

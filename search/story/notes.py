@@ -6,7 +6,6 @@ during the run is current. Only notes whose text changed are written again.
 """
 from __future__ import annotations
 
-import os
 import warnings
 from typing import Any
 
@@ -14,37 +13,45 @@ import optuna
 
 from knobtune.search.story import findings, results
 
-
-def _note_api() -> Any:
-    """optuna-dashboard's note functions. Importing them imports scikit-learn, which sets
-    KMP_DUPLICATE_LIB_OK and KMP_INIT_AT_FORK in this process's environment for itself: they are
-    put back as they were, or every later trial child would inherit them (and the warm server,
-    started per environment, would be started a second time for the study's second trial)."""
-    before = dict(os.environ)
-    import optuna_dashboard._note as note
-
-    for name in set(os.environ) - set(before):
-        del os.environ[name]
-    for name, value in before.items():
-        if os.environ.get(name) != value:
-            os.environ[name] = value
-    return note
+# optuna-dashboard's note format (optuna_dashboard/_note.py, 0.20 and later): a version and the
+# body in chunks, as study system attributes. Written here rather than through the dashboard's
+# functions, whose import costs every run a second (it imports scikit-learn, which also sets
+# KMP_* variables in this process's environment that every later trial child would inherit).
+# tests/test_dashboard.py reads these notes back through the installed optuna-dashboard.
+_CHUNK = 2045
 
 
-def _notes_of(storage: Any, study_id: int) -> dict[int | None, str]:
-    get_note_from_system_attrs = _note_api().get_note_from_system_attrs
+def _version_key(trial_id: int | None) -> str:
+    return "dashboard:note_ver" if trial_id is None else f"dashboard:{trial_id}:note_ver"
 
-    attrs = storage.get_study_system_attrs(study_id)
+
+def _chunk_prefix(trial_id: int | None) -> str:
+    return "dashboard:note_str:" if trial_id is None else f"dashboard:{trial_id}:note_str:"
+
+
+def read_note(attrs: dict[str, Any], trial_id: int | None) -> tuple[int, str]:
+    """The note of the study (``trial_id`` None) or of a trial: its version and body."""
+    if _version_key(trial_id) not in attrs:
+        return 0, ""
+    prefix = _chunk_prefix(trial_id)
+    count = sum(1 for key in attrs if key.startswith(prefix))
+    return int(attrs[_version_key(trial_id)]), "".join(attrs[f"{prefix}{i}"] for i in range(count))
+
+
+def _notes_of(attrs: dict[str, Any]) -> dict[int | None, str]:
     ids = {int(key.split(":")[1]) for key in attrs if key.startswith("dashboard:") and key.endswith(":note_ver")
            and key.count(":") == 2}
-    out: dict[int | None, str] = {None: get_note_from_system_attrs(attrs, None)["body"]}
-    for trial_id in ids:
-        out[trial_id] = get_note_from_system_attrs(attrs, trial_id)["body"]
-    return out
+    return {trial_id: read_note(attrs, trial_id)[1] for trial_id in [None, *ids]}
 
 
-def _save(storage: Any, study_id: int, trial_id: int | None, body: str, version: int) -> None:
-    _note_api().save_note_with_version(storage, study_id, trial_id, version, body)
+def _save(storage: Any, study_id: int, trial_id: int | None, body: str, version: int, attrs: dict[str, Any]) -> None:
+    storage.set_study_system_attr(study_id, _version_key(trial_id), version)
+    prefix = _chunk_prefix(trial_id)
+    chunks = [body[i:i + _CHUNK] for i in range(0, len(body), _CHUNK)]
+    for i, chunk in enumerate(chunks):
+        storage.set_study_system_attr(study_id, f"{prefix}{i}", chunk)
+    for i in range(len(chunks), sum(1 for key in attrs if key.startswith(prefix))):
+        storage.set_study_system_attr(study_id, f"{prefix}{i}", "")  # a shorter note: the old tail emptied
 
 
 def name_metrics(study: optuna.Study) -> None:
@@ -59,11 +66,9 @@ def name_metrics(study: optuna.Study) -> None:
 def publish(study: optuna.Study, url: str, stage: str | None = None) -> None:
     """Write the study note and every trial note that changed (a trial that no longer needs
     one, a former "best so far", gets an empty note)."""
-    note = _note_api()
-    get_note_from_system_attrs, note_ver_key = note.get_note_from_system_attrs, note.note_ver_key
     storage, study_id = study._storage, study._study_id
-    current = _notes_of(storage, study_id)
     attrs = storage.get_study_system_attrs(study_id)
+    current = _notes_of(attrs)
     wanted: dict[int | None, str] = {None: findings.to_markdown(findings.study_story(study, url, stage))}
     for trial in study.get_trials(deepcopy=False):
         if not trial.state.is_finished():
@@ -73,8 +78,7 @@ def publish(study: optuna.Study, url: str, stage: str | None = None) -> None:
             wanted[trial._trial_id] = findings.to_markdown(blocks) if blocks else ""
     for trial_id, body in wanted.items():
         if current.get(trial_id, "") != body:
-            version = int(attrs.get(note_ver_key(trial_id), get_note_from_system_attrs(attrs, trial_id)["version"]))
-            _save(storage, study_id, trial_id, body, version + 1)
+            _save(storage, study_id, trial_id, body, read_note(attrs, trial_id)[0] + 1, attrs)
     study.set_user_attr("roles", {str(n): role for n, role in findings.roles(study).items()})
 
 
