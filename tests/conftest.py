@@ -64,7 +64,13 @@ def shared_fork_servers(data_cache: Path, tmp_path_factory: pytest.TempPathFacto
     starts (the product's shared mode, KNOBTUNE_FORK_SERVER_DIR): their children are forked from
     it instead of each run importing the framework again. Tests about a run's own servers and
     children use ``private_fork_servers``."""
+    import sklearn  # noqa: F401 - see below
+
     from knobtune.search.launch import forkserver
+
+    # The servers refuse a process whose environment differs from theirs. scikit-learn sets KMP_*
+    # variables for itself when imported, and tests import it in this process (optuna-dashboard
+    # does): imported first, this process's environment, which every run inherits, stays theirs.
     folder = tmp_path_factory.mktemp("forkservers")
     frameworks = ["pytorch"] * _installed("torch") + ["tensorflow"] * HAVE_TENSORFLOW
     with open(folder / "servers.log", "ab") as log:

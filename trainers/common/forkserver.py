@@ -262,16 +262,18 @@ def _connection(framework: str, state: dict[str, Any], conn: socket.socket) -> i
     hello = json.loads(line).get("hello") or {}
     differs = environment_differences(state["environ"], hello.get("env") or {})
     if differs:
-        say({"ready": False, "refused": True,
-             "error": f"this server was started in another environment (it differs in {', '.join(differs[:8])})"})
+        problem = f"this server was started in another environment (it differs in {', '.join(differs[:8])})"
+        print(f"knobtune shared server: refused a client: {problem}", file=sys.stderr, flush=True)
+        say({"ready": False, "refused": True, "error": problem})
         return 0
     if rest:
         say({"error": "a request arrived before the server was ready"})
         return 1
     cores = hello.get("cores")
     if cores is not None and sorted(cores) != state["cores"]:  # OpenMP sized its pool from it on import
-        say({"ready": False, "refused": True,
-             "error": f"this server may use cores {state['cores']}, the client {sorted(cores)}"})
+        problem = f"this server may use cores {state['cores']}, the client {sorted(cores)}"
+        print(f"knobtune shared server: refused a client: {problem}", file=sys.stderr, flush=True)
+        say({"ready": False, "refused": True, "error": problem})
         return 0
     say({"ready": True, "threads": thread_count(), "shared": True})
     return _serve(framework, state, fd, say)
