@@ -4,8 +4,11 @@
 Runs a one-trial study (the baseline of digits-mlp, a tiny burst, no confirmation or diagnosis)
 with every knobtune process traced by ``sys.setprofile`` (a ``sitecustomize`` on PYTHONPATH): the
 engine (its main thread and the thread that measures the trial) and the trial's child (a fresh
-process: KNOBTUNE_FORK_SERVER=0). The current file is that of the innermost knobtune frame; a
-*stay* is a stretch of calls in one file, a *return* a stay in a file the path was in before.
+process: KNOBTUNE_FORK_SERVER=0). The current file is that of the innermost knobtune function
+frame (the bodies of modules and classes, run on import, are not followed). Reported per process and thread: the
+files entered, the distinct crossings from one file to another (a loop over batches crosses the
+same ones again: counted once), and how many of those go back to a file the path left (a -> b
+after b -> a): the back and forth a reader follows.
 
     python benchmarks/trial_path.py [--root REPO] [--files]
 
@@ -49,13 +52,16 @@ if _out:
         with open(os.path.join(_out, f"{os.getpid()}.jsonl"), "a") as f:
             f.write('["%s", %d, "%s"]\\n' % (threading.current_thread().name, key, filename[len(_root):]))
 
+    def _followed(code):  # functions (CO_OPTIMIZED): not a module's or a class's body run on import
+        return code.co_flags & 1 and _mine(code.co_filename)
+
     def _profile(frame, event, arg):
         if event == "call":
-            if _mine(frame.f_code.co_filename):
+            if _followed(frame.f_code):
                 _record(frame.f_code.co_filename)
-        elif event == "return" and _mine(frame.f_code.co_filename):
+        elif event == "return" and _followed(frame.f_code):
             back = frame.f_back
-            while back is not None and not _mine(back.f_code.co_filename):
+            while back is not None and not _followed(back.f_code):
                 back = back.f_back
             if back is not None:
                 _record(back.f_code.co_filename)
@@ -110,13 +116,14 @@ def trace(root: Path, work: Path) -> dict[int, list[tuple[str, str]]]:
 
 
 def summarise(stays: list[str]) -> tuple[int, int, int]:
-    """Distinct files, stays, and stays that return to a file visited before."""
-    seen: set[str] = set()
-    returns = 0
-    for file in stays:
-        returns += file in seen
-        seen.add(file)
-    return len(seen), len(stays), returns
+    """Files entered, distinct crossings between two files, and crossings back (a -> b after b -> a)."""
+    crossings = list(dict.fromkeys(zip(stays, stays[1:])))
+    seen: set[tuple[str, str]] = set()
+    back = 0
+    for a, b in crossings:
+        back += (b, a) in seen
+        seen.add((a, b))
+    return len(set(stays)), len(crossings), back
 
 
 def main() -> None:
@@ -137,7 +144,8 @@ def main() -> None:
             distinct, count, returns = summarise(files)
             every.update(files)
             role = "engine" if any(f.startswith(("search/", "knobtune/__main__")) for f in files) else "child"
-            print(f"  {role:6} {thread:10} {distinct:3} files, {count:4} stays, {returns:4} returns to a file")
+            print(f"  {role:6} {thread:10} {distinct:3} files, {count:3} crossings between files, {returns:3} of them "
+                  f"back to a file left before")
             if args.files:
                 print("      " + ", ".join(dict.fromkeys(files)))
     print(f"  all    {'':10} {len(every):3} files")
