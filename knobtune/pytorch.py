@@ -9,18 +9,7 @@ anything imports torch's submodules.
 """
 from __future__ import annotations
 
-from typing import Any
+from knobtune._faces import NAMES, lazy
 
-__all__ = ["Tuned", "Workload", "accuracy", "adam"]
-
-
-def __getattr__(name: str) -> Any:
-    if name == "Tuned":
-        from knobtune.trainers.pytorch.tuned import Tuned
-
-        return Tuned
-    if name in __all__:
-        from knobtune.trainers.pytorch import workload
-
-        return getattr(workload, name)
-    raise AttributeError(f"module 'knobtune.pytorch' has no attribute {name!r}")
+__all__ = NAMES
+__getattr__ = lazy("pytorch")

@@ -9,20 +9,8 @@ versions before anything imports Keras.
 """
 from __future__ import annotations
 
-from typing import Any
-
 import knobtune.trainers.tensorflow  # noqa: F401  (quiets TensorFlow's C++ start-up before it loads)
+from knobtune._faces import NAMES, lazy
 
-__all__ = ["Tuned", "Workload", "accuracy", "adam"]
-
-
-def __getattr__(name: str) -> Any:
-    if name == "Tuned":
-        from knobtune.trainers.tensorflow.tuned import Tuned
-
-        return Tuned
-    if name in __all__:
-        from knobtune.trainers.tensorflow import workload
-
-        return getattr(workload, name)
-    raise AttributeError(f"module 'knobtune.tensorflow' has no attribute {name!r}")
+__all__ = NAMES
+__getattr__ = lazy("tensorflow")

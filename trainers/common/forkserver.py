@@ -191,16 +191,24 @@ def _warm_up(framework: str) -> dict[str, Any]:
     return state
 
 
+def _line(fd: int, buffer: bytes) -> tuple[bytes | None, bytes]:
+    """The next line from ``fd`` after what ``buffer`` holds (None at end of file), and the rest read."""
+    while b"\n" not in buffer:
+        chunk = os.read(fd, 65536)
+        if not chunk:
+            return None, buffer
+        buffer += chunk
+    line, rest = buffer.split(b"\n", 1)
+    return line, rest
+
+
 def _serve(framework: str, state: dict[str, Any], in_fd: int, say: Callable[[dict[str, Any]], None]) -> int:
     """Fork a child per request read from ``in_fd``, one at a time, until ``in_fd`` closes."""
     buffer = b""
     while True:
-        while b"\n" not in buffer:
-            chunk = os.read(in_fd, 65536)
-            if not chunk:
-                return 0
-            buffer += chunk
-        line, buffer = buffer.split(b"\n", 1)
+        line, buffer = _line(in_fd, buffer)
+        if line is None:
+            return 0
         if buffer:  # one request at a time: anything more is a protocol error
             say({"error": "a second request arrived while one was pending"})
             return 1
@@ -252,13 +260,9 @@ def _connection(framework: str, state: dict[str, Any], conn: socket.socket) -> i
     def say(message: dict[str, Any]) -> None:
         conn.sendall((json.dumps(message) + "\n").encode())
 
-    buffer = b""
-    while b"\n" not in buffer:
-        chunk = os.read(fd, 65536)
-        if not chunk:
-            return 0
-        buffer += chunk
-    line, rest = buffer.split(b"\n", 1)
+    line, rest = _line(fd, b"")
+    if line is None:
+        return 0
     hello = json.loads(line).get("hello") or {}
     differs = environment_differences(state["environ"], hello.get("env") or {})
     if differs:
