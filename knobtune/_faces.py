@@ -4,7 +4,7 @@ from __future__ import annotations
 import importlib
 from typing import Any, Callable
 
-NAMES = ["Tuned", "Workload", "accuracy", "adam"]
+NAMES = ("Tuned", "Workload", "accuracy", "adam")
 
 
 def lazy(framework: str) -> Callable[[str], Any]:

@@ -11,5 +11,5 @@ from __future__ import annotations
 
 from knobtune._faces import NAMES, lazy
 
-__all__ = NAMES
+__all__ = list(NAMES)
 __getattr__ = lazy("pytorch")

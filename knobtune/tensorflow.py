@@ -12,5 +12,5 @@ from __future__ import annotations
 import knobtune.trainers.tensorflow  # noqa: F401  (quiets TensorFlow's C++ start-up before it loads)
 from knobtune._faces import NAMES, lazy
 
-__all__ = NAMES
+__all__ = list(NAMES)
 __getattr__ = lazy("tensorflow")

@@ -80,6 +80,19 @@ class _Lines:
         return message
 
 
+def _verdict(message: dict[str, Any] | None, timeout: float) -> str | None:
+    """None when a server's first message says it is ready, else why it is not."""
+    if message is None:
+        return f"not ready after {timeout:g} s"
+    return None if message.get("ready") else str(message.get("error") or message)
+
+
+def child_environment() -> dict[str, str]:
+    """The environment of a child started from this process (and so of the server it is forked
+    from: a shared server serves only that one)."""
+    return {**os.environ, "PYTHONUNBUFFERED": "1"}
+
+
 class Server:
     """One running fork server."""
 
@@ -102,12 +115,10 @@ class Server:
             message = self.lines.read(timeout)
         except ServerLost as exc:
             return f"{exc}; {self.stderr_tail() or 'no output'}"
-        if message is None:
-            return f"not ready after {timeout:g} s"
-        if not message.get("ready"):
-            return str(message.get("error") or message)
-        self.info = message
-        return None
+        problem = _verdict(message, timeout)
+        if problem is None:
+            self.info = message  # type: ignore[assignment]
+        return problem
 
     def alive(self) -> bool:
         return self.proc.poll() is None
@@ -214,7 +225,7 @@ def start_shared(framework: str, folder: Path, env: dict[str, str] | None = None
     """Start ``framework``'s shared server on ``folder/FRAMEWORK.sock``, in the environment its
     clients' children will have (default: this process's, as ``run_child`` gives its children).
     It ends when the returned process's stdin is closed; ``wait_shared`` waits until it listens."""
-    env = {**os.environ, "PYTHONUNBUFFERED": "1"} if env is None else env
+    env = child_environment() if env is None else env
     return subprocess.Popen(
         [sys.executable, "-m", "knobtune.trainers.common.forkserver", framework, "--listen",
          str(Path(folder) / f"{framework}.sock")],
@@ -225,12 +236,9 @@ def wait_shared(proc: subprocess.Popen[bytes], timeout: float = READY_TIMEOUT_S)
     """None once a ``start_shared`` server listens, else why it does not."""
     assert proc.stdout is not None
     try:
-        message = _Lines(proc.stdout.fileno()).read(timeout)
+        return _verdict(_Lines(proc.stdout.fileno()).read(timeout), timeout)
     except ServerLost as exc:
         return str(exc)
-    if message is None:
-        return f"not listening after {timeout:g} s"
-    return None if message.get("ready") else str(message.get("error") or message)
 
 
 class ForkedChild:

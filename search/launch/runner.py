@@ -202,7 +202,7 @@ def run_child(
         request_path, result_path, log_path = tmp_path / "request.json", tmp_path / "result.json", tmp_path / "output.log"
         progress_path = tmp_path / "progress.jsonl"
         request_path.write_text(json.dumps({**request, "progress_path": str(progress_path)}))
-        env = {**os.environ, "PYTHONUNBUFFERED": "1"}
+        env = forkserver.child_environment()
         if placement is not None:
             env = placement.env(env)
         argv = [command, "--request", str(request_path), "--result", str(result_path)]

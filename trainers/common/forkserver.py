@@ -228,15 +228,22 @@ def _serve(framework: str, state: dict[str, Any], in_fd: int, say: Callable[[dic
         say({"exit": code})
 
 
-def serve(framework: str) -> int:
-    """The private server: requests on stdin, answers on stdout, for the one process that started it."""
+def _warmed(framework: str) -> tuple[dict[str, Any] | None, float]:
+    """``_warm_up``'s state and its seconds; None (said on stdout) when the server cannot serve."""
     start = time.monotonic()
     try:
-        state = _warm_up(framework)
+        return _warm_up(framework), round(time.monotonic() - start, 3)
     except Exception as exc:  # noqa: BLE001 - the parent falls back to a fresh process per trial
         _say({"ready": False, "error": f"{type(exc).__name__}: {exc}"})
+        return None, 0.0
+
+
+def serve(framework: str) -> int:
+    """The private server: requests on stdin, answers on stdout, for the one process that started it."""
+    state, seconds = _warmed(framework)
+    if state is None:
         return 1
-    _say({"ready": True, "threads": thread_count(), "import_seconds": round(time.monotonic() - start, 3)})
+    _say({"ready": True, "threads": thread_count(), "import_seconds": seconds})
     return _serve(framework, state, sys.stdin.fileno(), _say)
 
 
@@ -253,6 +260,17 @@ def environment_differences(mine: dict[str, str], theirs: dict[str, str]) -> lis
     return sorted(k for k in keys if mine.get(k) != theirs.get(k))
 
 
+def _refusal(state: dict[str, Any], hello: dict[str, Any]) -> str | None:
+    """Why this server must not serve the client that said ``hello``, or None."""
+    differs = environment_differences(state["environ"], hello.get("env") or {})
+    if differs:
+        return f"this server was started in another environment (it differs in {', '.join(differs[:8])})"
+    cores = hello.get("cores")
+    if cores is not None and sorted(cores) != state["cores"]:  # OpenMP sized its pool from it on import
+        return f"this server may use cores {state['cores']}, the client {sorted(cores)}"
+    return None
+
+
 def _connection(framework: str, state: dict[str, Any], conn: socket.socket) -> int:
     """In a process forked per connection: the handshake, then the private server's protocol."""
     fd = conn.fileno()
@@ -263,19 +281,11 @@ def _connection(framework: str, state: dict[str, Any], conn: socket.socket) -> i
     line, rest = _line(fd, b"")
     if line is None:
         return 0
-    hello = json.loads(line).get("hello") or {}
-    differs = environment_differences(state["environ"], hello.get("env") or {})
-    if differs:
-        problem = f"this server was started in another environment (it differs in {', '.join(differs[:8])})"
-        print(f"knobtune shared server: refused a client: {problem}", file=sys.stderr, flush=True)
-        say({"ready": False, "refused": True, "error": problem})
-        return 0
     if rest:
         say({"error": "a request arrived before the server was ready"})
         return 1
-    cores = hello.get("cores")
-    if cores is not None and sorted(cores) != state["cores"]:  # OpenMP sized its pool from it on import
-        problem = f"this server may use cores {state['cores']}, the client {sorted(cores)}"
+    problem = _refusal(state, json.loads(line).get("hello") or {})
+    if problem:
         print(f"knobtune shared server: refused a client: {problem}", file=sys.stderr, flush=True)
         say({"ready": False, "refused": True, "error": problem})
         return 0
@@ -288,18 +298,15 @@ def listen(framework: str, path: str) -> int:
     connects to the Unix socket ``path`` and has the same environment, each connection in a
     process forked for it (so each gets the private server's protocol and isolation). Says
     ``{"ready": ...}`` on stdout once listening; ends when its stdin closes."""
-    start = time.monotonic()
-    try:
-        state = _warm_up(framework)
-    except Exception as exc:  # noqa: BLE001
-        _say({"ready": False, "error": f"{type(exc).__name__}: {exc}"})
+    state, seconds = _warmed(framework)
+    if state is None:
         return 1
     if os.path.exists(path):
         os.unlink(path)
     listener = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
     listener.bind(path)
     listener.listen(64)
-    _say({"ready": True, "listening": path, "import_seconds": round(time.monotonic() - start, 3)})
+    _say({"ready": True, "listening": path, "import_seconds": seconds})
     stdin_fd = sys.stdin.fileno()
     try:
         while True:
