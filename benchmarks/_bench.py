@@ -120,7 +120,7 @@ def overhead(plan: Plan, configs: list[dict[str, Any]]) -> dict[str, tuple[float
             for way in (list(ways) if i % 2 == 0 else list(reversed(ways))):
                 os.environ[forkserver.ENV_SWITCH] = ways[way]
                 report = run_params(plan, params, way.split()[0])
-                trial, burst = report.attrs.get("trial_seconds"), report.attrs.get("burst_seconds")
+                trial, burst = report.record.trial_seconds, report.record.burst_seconds
                 if report.outcome == "ok" and trial and burst:
                     spent[way].append((trial, burst))
     finally:

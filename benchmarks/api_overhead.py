@@ -33,9 +33,10 @@ def main() -> int:
     import torch
     from torch.utils.data import DataLoader
 
-    from bench_workloads import fast_step
     from knobtune.trainers.common.production import WatchdogSettings
     from knobtune.trainers.pytorch.tuned import Tuned
+
+    from bench_workloads import fast_step
 
     torch.set_num_threads(1)
     workload = fast_step(samples=args.samples)

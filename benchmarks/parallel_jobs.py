@@ -21,6 +21,7 @@ from pathlib import Path
 from typing import Any
 
 from knobtune.search.launch import partition
+from knobtune.search.storage.record import TrialRecord
 from knobtune.search.story import results
 from knobtune.search.study.objective import final_floor
 
@@ -53,7 +54,7 @@ def main() -> int:
             url = f"sqlite:///{Path(tmp) / f'jobs-{jobs}.db'}"
             print(f"1. --jobs {jobs}: {args.trials} trials", flush=True)
             study, wall = run_study(text, url, jobs=str(jobs))
-            measured = [t for t in study.trials if t.user_attrs.get("outcome")]
+            measured = [t for t in study.trials if TrialRecord.of(t).outcome]
             phase = (max(t.datetime_complete for t in measured) - min(t.datetime_start for t in measured))
             rates[jobs] = len(measured) / phase.total_seconds() * 60
             whole[jobs] = len(measured) / wall * 60
@@ -62,7 +63,7 @@ def main() -> int:
             if jobs > 1:
                 parallel = study
                 for t in measured:
-                    share, placed = t.user_attrs.get("partition") or {}, t.user_attrs.get("placement") or {}
+                    share, placed = TrialRecord.of(t).partition or {}, TrialRecord.of(t).placement or {}
                     print(f"   trial #{t.number:<3} share {share.get('index')} cores {share.get('cores')}: "
                           f"its child ran on {placed.get('affinity')}")
         print(f"--jobs {args.jobs} / --jobs 1: {rates[args.jobs] / rates[1]:.2f}x trials per minute over the trials "

@@ -18,6 +18,8 @@ import time
 from pathlib import Path
 from typing import Any
 
+from knobtune.search.storage.record import StudyRecord, TrialRecord
+
 from _bench import ROOT, run_study
 
 STUDIES = ("charlm-pytorch", "charlm-tensorflow", "digits-resnet-pytorch", "digits-resnet-tensorflow")
@@ -36,13 +38,13 @@ def arguments() -> argparse.Namespace:
 
 def changed(study: Any, number: int) -> dict[str, Any]:
     """The winner's params that differ from the baseline's."""
-    base = next(t for t in study.trials if t.user_attrs.get("is_baseline"))
+    base = next(t for t in study.trials if TrialRecord.of(t).is_baseline)
     winner = study.trials[number]
     return {k: v for k, v in winner.params.items() if base.params.get(k) != v}
 
 
 def summarise(name: str, study: Any, seconds: float) -> str:
-    confirmed = study.user_attrs.get("confirmed") or {}
+    confirmed = StudyRecord.of(study).confirmed or {}
     base, winner = confirmed.get("baseline"), confirmed.get("winner")
     if base is None or winner is None:
         return f"{name}: no confirmed winner ({len(study.trials)} trials, {seconds:.0f} s)"

@@ -27,6 +27,7 @@ from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
+from knobtune.search.storage.record import TrialRecord
 from knobtune.search.study.objective import final_floor
 
 from _bench import plan_for, run_params, run_study, space_lines, study_text
@@ -88,7 +89,7 @@ def main() -> int:
 
     def to_95(study: Any) -> int | None:
         best = 0.0
-        numbered = [t for t in sorted(study.trials, key=lambda t: t.number) if t.user_attrs.get("outcome")]
+        numbered = [t for t in sorted(study.trials, key=lambda t: t.number) if TrialRecord.of(t).outcome]
         for i, t in enumerate(numbered, start=1):
             best = max(best, score(t.params))
             if best >= 0.95 * grid_best:
@@ -127,7 +128,7 @@ def main() -> int:
         bursts.append(run_params(plan, dict(winner.params), f"burst[{r}]").samples_per_second or float("nan"))
         longs.append(run_params(long_plan, dict(winner.params), f"10x[{r}]").samples_per_second or float("nan"))
     confirmed = results.confirmation(study_of_winner[0]) or {}
-    predictions = {"the search trial's burst": winner.user_attrs["samples_per_second"],
+    predictions = {"the search trial's burst": TrialRecord.of(winner).samples_per_second,
                    "the confirmed median": (confirmed.get("medians") or {}).get(str(winner.number)),
                    "a burst run beside each long run": statistics.median(bursts)}
 

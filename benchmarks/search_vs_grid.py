@@ -18,6 +18,8 @@ import sys
 import tempfile
 from pathlib import Path
 
+from knobtune.search.storage.record import TrialRecord
+
 from _bench import arguments, interleaved, median, overhead, plan_for, run_params, run_study, space_lines, study_text
 
 SPACE = "\n" + space_lines("pytorch", {"batch_size": [32, 64, 128, 256], "num_workers": [0, 1, 2], "amp": ["off", "bf16"],
@@ -47,11 +49,11 @@ def main() -> int:
         best = results.best(study)
         done = results.finished(study)
         # (trials measured to the end: a pruned trial has a wall time but no burst time)
-        measured = [t for t in done if t.user_attrs.get("trial_seconds") and t.user_attrs.get("burst_seconds")]
-        trial_s = sum(t.user_attrs["trial_seconds"] for t in measured)
-        burst_s = sum(t.user_attrs["burst_seconds"] for t in measured)
+        measured = [r for r in map(TrialRecord.of, done) if r.trial_seconds and r.burst_seconds]
+        trial_s = sum(r.trial_seconds for r in measured)  # type: ignore[misc]
+        burst_s = sum(r.burst_seconds for r in measured)  # type: ignore[misc]
         search_best_params = dict(best.params)
-        search_rank = 1 + sum(1 for _, r in feasible if (r.samples_per_second or 0) > best.user_attrs["samples_per_second"])
+        search_rank = 1 + sum(1 for _, r in feasible if (r.samples_per_second or 0) > TrialRecord.of(best).samples_per_second)
 
     print(f"\n3. side by side, interleaved, {args.repeats} repeats", flush=True)
     rates = interleaved({"baseline": (plan, baseline_params), "grid-best": (plan, grid_best_params),

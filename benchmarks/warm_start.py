@@ -22,8 +22,9 @@ import tempfile
 from pathlib import Path
 from typing import Any
 
-from _bench import arguments, plan_for, run_params, run_study, space_lines, study_text
+from knobtune.search.storage.record import TrialRecord
 
+from _bench import arguments, plan_for, run_params, run_study, space_lines, study_text
 
 SEARCHED = {"num_workers": [0, 2], "amp": ["off", "bf16"], "intra_op_threads": [0, 1]}
 
@@ -58,7 +59,7 @@ def main() -> int:
 
     def to_95(study: Any) -> int | None:
         """Measured trials, in order, until one's grid score reaches 95 % of the grid best."""
-        measured = [t for t in sorted(study.trials, key=lambda t: t.number) if t.user_attrs.get("outcome")]
+        measured = [t for t in sorted(study.trials, key=lambda t: t.number) if TrialRecord.of(t).outcome]
         for i, t in enumerate(measured, start=1):
             if table.get(key(t.params), 0.0) >= 0.95 * grid_best:
                 return i

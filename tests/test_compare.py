@@ -7,6 +7,7 @@ import re
 from pathlib import Path
 
 import optuna
+
 from conftest import knobtune
 from recorded import rebuild
 

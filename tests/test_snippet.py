@@ -29,7 +29,8 @@ print("trained" if changed else "unchanged", optimizer.param_groups[0]["lr"], to
 
 def doc(framework: str, **knobs) -> dict:
     return {"framework": framework, "study": "s", "trial": 7, "knobs": knobs, "not_applied": {},
-            "metrics": {"speedup": 1.4}, "confirmed": {"baseline_won": False}, "lr_scale": 2.0,
+            "metrics": {"speedup": 1.3}, "speedup": {"value": 1.4, "figure": "median of 5 paired rounds"},
+            "confirmed": {"baseline_won": False}, "lr_scale": 2.0,
             "learning_rate": 0.2, "lr_scaling": "linear"}
 
 
@@ -47,7 +48,7 @@ def test_pytorch_snippet_runs_and_applies_the_knobs(tmp_path: Path):
                        persistent_workers=True, pin_memory=False, intra_op_threads=1, amp="bf16", compile="off",
                        channels_last=True, cudnn_benchmark=False, cudnn_deterministic=False,
                        matmul_precision="highest"))
-    assert "1.40x the baseline (confirmed)" in text
+    assert "1.40x the baseline (median of 5 paired rounds)" in text
     assert "DataLoader(train_set, batch_size=32, shuffle=True, num_workers=1, prefetch_factor=4" in text
     assert "torch.autocast(device_type=device.type, dtype=torch.bfloat16)" in text and "% 2 == 0" in text
     assert run_snippet(tmp_path, text) == "trained 0.2 1"

@@ -11,6 +11,7 @@ from knobtune.search.launch import partition
 from knobtune.search.launch.partition import Partition
 from knobtune.search.launch.probe import probe_study
 from knobtune.search.storage.database import open_storage, resolve_url
+from knobtune.search.storage.record import StudyRecord, TrialRecord
 from knobtune.search.story import results
 from knobtune.search.story.export import load_existing, study_names
 from knobtune.search.story.summary import diagnosis_line
@@ -35,10 +36,11 @@ def add(subparsers: argparse._SubParsersAction) -> None:
 def share_of(study: optuna.Study | None) -> Partition | None:
     """The share of this machine the study's trials ran on (``--jobs``), for a diagnosis that
     compares with them; None for the whole machine."""
-    jobs = ((study.user_attrs.get("partition") or {}).get("jobs", 1)) if study is not None else 1
+    kept = StudyRecord.of(study) if study is not None else StudyRecord()
+    jobs = (kept.partition or {}).get("jobs", 1)
     if jobs <= 1:
         return None
-    gpus = partition.visible_gpus(len(study.user_attrs.get("fingerprint", {}).get("gpus") or []))
+    gpus = partition.visible_gpus(len(kept.fingerprint.get("gpus") or []))
     cores = partition.machine_cores()
     return partition.plan(jobs, cores, gpus, partition.physical_groups(cores))[0]
 
@@ -51,7 +53,7 @@ def main(args: argparse.Namespace) -> int:
     study = load_existing(storage, name) if name in study_names(storage) else None
     placement = share_of(study)
     if placement is not None:
-        sys.stderr.write(f"knobtune: the study's trials ran with --jobs {study.user_attrs['partition']['jobs']}: "
+        sys.stderr.write(f"knobtune: the study's trials ran with --jobs {StudyRecord.of(study).partition['jobs']}: "
                          f"diagnosing on one such share ({len(placement.cores)} core(s)"
                          f"{', GPU ' + placement.gpu if placement.gpu else ''})\n")
     plan = replace(make_plan(parsed, probe_study(parsed, sys.stderr, placement)), placement=placement)
@@ -60,10 +62,10 @@ def main(args: argparse.Namespace) -> int:
     record = diagnose_study(study, plan, baseline, winner, sys.stderr)
     base_trial = results.baseline(study) if study is not None else None
     sys.stdout.write(diagnosis_line("baseline", record["baseline"],
-                          base_trial.user_attrs.get("samples_per_second") if base_trial else None) + "\n")
+                          TrialRecord.of(base_trial).samples_per_second if base_trial else None) + "\n")
     if winner is not None:
         sys.stdout.write(diagnosis_line(f"winner (trial #{winner.number})", record["winner"],
-                              winner.user_attrs.get("samples_per_second")) + "\n")
+                              TrialRecord.of(winner).samples_per_second) + "\n")
     else:
         sys.stdout.write(f"  (no study {name!r} with a winner in this storage: only the baseline was diagnosed)\n")
     return 0

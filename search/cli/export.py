@@ -10,7 +10,7 @@ from knobtune.search.errors import UserError
 from knobtune.search.storage.database import open_storage, resolve_url
 from knobtune.search.story.export import best_config, load_existing
 from knobtune.search.story.results import PICKS
-from knobtune.search.story.snippet import snippet
+from knobtune.search.story.snippet import headline_speedup, snippet
 
 
 def add(subparsers: argparse._SubParsersAction) -> None:
@@ -39,7 +39,8 @@ def main(args: argparse.Namespace) -> int:
             raise UserError(f"cannot write {path}: directory {path.parent} does not exist")
         path.write_text(text)
         m = document["metrics"]
-        speedup = f", {m['speedup']:.2f}x the baseline" if m.get("speedup") else ""
+        headline = headline_speedup(document)
+        speedup = f", {headline}" if headline else ""
         how = ""
         if document.get("confirmed"):
             how = (" (the baseline: no candidate beat it in the confirmation runs)"

@@ -6,6 +6,7 @@ import argparse
 from knobtune.search.cli.run import _positive_float, _positive_int, checked, search_args, warm_started
 from knobtune.search.errors import UserError
 from knobtune.search.storage.database import open_storage, redact, resolve_url
+from knobtune.search.storage.record import StudyRecord
 from knobtune.search.storage.workers import Sharing
 from knobtune.search.story.export import load_existing, study_names
 from knobtune.search.study import definition, study
@@ -58,6 +59,7 @@ def stored(args: argparse.Namespace) -> definition.Definition:
         raise UserError(f"study {args.name!r} does not exist on {redact(url)} and no study file was given to create "
                         f"it: pass STUDY.toml (studies there: {', '.join(names) or 'none'})")
     found = load_existing(storage, args.name)
-    if "definition" not in found.user_attrs:
+    stored = StudyRecord.of(found).definition
+    if not stored:
         raise UserError(f"study {args.name!r} on {redact(url)} was not made by knobtune; pick another --name")
-    return definition.from_dict(found.user_attrs["definition"])
+    return definition.from_dict(stored)

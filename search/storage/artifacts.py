@@ -85,9 +85,10 @@ def window_chart(rates: list[float], title: str) -> str:
     return "".join(parts)
 
 
-def attach(study: optuna.Study, trial: optuna.Trial, kept: Path, attrs: dict[str, Any], artifact_store: Any) -> int:
+def attach(study: optuna.Study, trial: optuna.Trial, kept: Path, window_rates: list[float] | None,
+           artifact_store: Any) -> int:
     """Upload a running trial's files (before it is told): ``kept`` holds the child's
-    ``output.log`` and ``request.json``; the window chart is drawn from ``attrs``. Returns how
+    ``output.log`` and ``request.json``; the window chart is drawn from ``window_rates``. Returns how
     many were stored; a file that cannot be stored is skipped (the measurement matters more)."""
     from optuna.artifacts import upload_artifact
 
@@ -99,7 +100,7 @@ def attach(study: optuna.Study, trial: optuna.Trial, kept: Path, attrs: dict[str
             os.replace(source, target)
             files.append((target, mimetype))
     chart = kept / f"trial-{trial.number}-window-rates.svg"
-    chart.write_text(window_chart(list(attrs.get("window_rates") or []),
+    chart.write_text(window_chart(list(window_rates or []),
                                   f"trial #{trial.number}: window rates (samples/s)"))
     files.append((chart, "image/svg+xml"))
     stored = 0

@@ -17,7 +17,9 @@ import optuna
 from optuna.trial import FrozenTrial, TrialState
 
 from knobtune.search.errors import RunError
+from knobtune.search.storage import record
 from knobtune.search.storage.database import redact
+from knobtune.search.storage.record import TrialRecord
 
 T = TypeVar("T")
 RETRY_PAUSES_S = (1, 2, 4, 8, 15)  # then 15 s until the budget is spent
@@ -101,13 +103,13 @@ def fail_and_requeue(study: optuna.Study, trial: FrozenTrial, failure: str, queu
     storage = study._storage
     with queue.held():
         waiting_or_done = study.get_trials(deepcopy=False)
-        if not any(t.user_attrs.get("retry_of") == trial.number for t in waiting_or_done):
-            keep = {k: trial.user_attrs[k] for k in ("is_baseline", "source", "warm_start_from")
-                    if k in trial.user_attrs}
-            study.enqueue_trial(configuration(trial), user_attrs={**keep, "retry_of": trial.number},
-                                skip_if_exists=False)
+        if not any(TrialRecord.of(t).retry_of == trial.number for t in waiting_or_done):
+            rec = TrialRecord.of(trial)
+            study.enqueue_trial(configuration(trial), skip_if_exists=False, user_attrs=record.queued(
+                is_baseline=rec.is_baseline, source=rec.source, warm_start_from=rec.warm_start_from,
+                retry_of=trial.number))
         try:
-            storage.set_trial_user_attr(trial._trial_id, "failure", failure)  # (only a RUNNING trial takes it)
+            record.mark_stored(storage, trial._trial_id, failure=failure)  # (only a RUNNING trial takes it)
             return bool(storage.set_trial_state_values(trial._trial_id, TrialState.FAIL))
         except optuna.exceptions.UpdateFinishedTrialError:
             return False  # (a queued copy of a finished trial is skipped as a duplicate when asked)
@@ -132,7 +134,7 @@ class Silence:
             if trial_id in mine:  # (its own beats lapsed: its measurement still stands)
                 continue
             trial = storage.get_trial(trial_id)
-            who = trial.user_attrs.get("worker", "its worker")
+            who = TrialRecord.of(trial).worker or "its worker"
             if fail_and_requeue(study, trial, f"interrupted: {who} stopped sending heartbeats; its configuration "
                                               f"was queued again", queue):
                 handled.append(trial.number)

@@ -16,6 +16,7 @@ from typing import Any, Callable
 import optuna
 from optuna.trial import FrozenTrial, TrialState
 
+from knobtune.search.storage.record import StudyRecord, TrialRecord
 from knobtune.search.story import findings, results
 from knobtune.search.story.compare import Side
 
@@ -64,10 +65,10 @@ def _style(fig: Any, title: str) -> Any:
 
 def _floor(study: optuna.Study) -> float | None:
     """The accuracy guard's floor as the story states it (None when the guard is off)."""
-    if study.user_attrs.get("definition", {}).get("guard", {}).get("accuracy") is False:
+    if StudyRecord.of(study).section("guard").get("accuracy") is False:
         return None
     trial = results.best(study) or results.baseline(study)
-    return trial.user_attrs.get("accuracy_floor") if trial is not None else None
+    return TrialRecord.of(trial).accuracy_floor if trial is not None else None
 
 
 def _mark(fig: Any, trial: FrozenTrial, x: float, y: float, label: str, colour: str, **where: Any) -> None:
@@ -117,12 +118,12 @@ def history(study: optuna.Study) -> Chart:
 
 def _speed_label(study: optuna.Study) -> str:
     base = results.baseline(study)
-    return "job samples/s" if base is not None and "effective_samples_per_second" in base.user_attrs else "samples/s"
+    return "job samples/s" if base is not None and TrialRecord.of(base).effective_samples_per_second is not None else "samples/s"
 
 
 def _measured(study: optuna.Study) -> list[FrozenTrial]:
-    return [t for t in results.finished(study) if t.user_attrs.get("outcome") == "ok"
-            and t.user_attrs.get("val_accuracy") is not None and t.user_attrs.get("samples_per_second")]
+    return [t for t in results.finished(study) if (r := TrialRecord.of(t)).ok
+            and r.val_accuracy is not None and r.samples_per_second]
 
 
 def accuracy_vs_speed(study: optuna.Study) -> Chart:
@@ -151,14 +152,14 @@ def accuracy_vs_speed(study: optuna.Study) -> Chart:
         fig = go.Figure()
         for label, members in groups.items():
             fig.add_trace(go.Scatter(
-                x=[results.rate(t) for t in members], y=[t.user_attrs["val_accuracy"] for t in members],
+                x=[results.rate(t) for t in members], y=[results.accuracy(t) for t in members],
                 mode="markers", name=label, text=[f"trial #{t.number}" for t in members],
                 hoverinfo="text+x+y", marker={"size": 10, "color": PALETTE[0] if label == "feasible" else "#cccccc",
                                                "line": {"width": 1, "color": "#444"}}))
     measured = {t.number for t in trials}
     for trial, label, colour in _highlights(study):
         if trial.number in measured:
-            _mark(fig, trial, results.rate(trial), trial.user_attrs["val_accuracy"], label, colour)
+            _mark(fig, trial, results.rate(trial), results.accuracy(trial), label, colour)
     if floor is not None:
         fig.add_hline(y=floor, line={"dash": "dash", "color": GUARD_COLOUR},
                       annotation_text=f"accuracy guard {floor:.3f}", annotation_position="bottom left")
@@ -242,7 +243,7 @@ def confirmation_rounds(study: optuna.Study) -> Chart:
     title = "Confirmation rounds"
     confirmed = results.confirmation(study)
     if not confirmed:
-        stale = study.user_attrs.get("confirmed")
+        stale = StudyRecord.of(study).confirmed
         why = ("the confirmation on record covers fewer trials than the study now has (it is redone when the "
                "run resumes)" if stale else "the study has no confirmation (it ran with --no-confirm, or the run "
                                             "has not finished)")
@@ -294,7 +295,7 @@ def ceilings(study: optuna.Study) -> Chart:
     caption = ("The input ceiling is the data pipeline alone (the faster of as configured and the framework's most "
                "parallel loader), the compute ceiling the train step on a batch already on the device; the "
                "trial's own samples/s sits under the lower of the two, its bottleneck.")
-    diagnosis = study.user_attrs.get("diagnosis")
+    diagnosis = StudyRecord.of(study).diagnosis
     if not diagnosis:
         return Chart("ceilings", title, caption,
                      missing="the study has no diagnosis (it ran with --no-diagnose; knobtune diagnose STUDY.toml makes one)")
@@ -314,7 +315,7 @@ def ceilings(study: optuna.Study) -> Chart:
         labels.append(f"{key} #{number}{', the baseline' if same else ''} (bottleneck: {entry['bottleneck']})")
         inputs.append(entry.get("input"))
         computes.append(entry.get("compute"))
-        measured.append(trial.user_attrs.get("samples_per_second") if trial is not None else None)
+        measured.append(TrialRecord.of(trial).samples_per_second if trial is not None else None)
         variants = ", ".join(f"{name} {value:,.0f}" for name, value in (entry.get("input_variants") or {}).items())
         if variants:
             notes.append(f"{key} input pipeline: {variants} samples/s")
@@ -355,7 +356,7 @@ def frameworks_bars(a: Side, b: Side) -> Chart:
         go.Bar(name="baseline", x=names, y=[a.base_sps, b.base_sps], marker_color=BASELINE_COLOUR,
                text=[f"{a.base_sps:,.0f}", f"{b.base_sps:,.0f}"], textposition="outside"),
         go.Bar(name="tuned", x=names, y=[a.best_sps, b.best_sps], marker_color=WINNER_COLOUR,
-               text=[f"{a.best_sps:,.0f} ({a.speedup:.2f}x)", f"{b.best_sps:,.0f} ({b.speedup:.2f}x)"],
+               text=[f"{a.best_sps:,.0f} ({a.speedup.value:.2f}x)", f"{b.best_sps:,.0f} ({b.speedup.value:.2f}x)"],
                textposition="outside"),
     ])
     fig.update_layout(barmode="group")
@@ -373,11 +374,11 @@ def frameworks_accuracy(a: Side, b: Side) -> Chart:
     for side, colour in ((a, PALETTE[0]), (b, PALETTE[1])):
         trials = _measured(side.study)
         fig.add_trace(go.Scatter(
-            x=[results.rate(t) for t in trials], y=[t.user_attrs["val_accuracy"] for t in trials],
+            x=[results.rate(t) for t in trials], y=[results.accuracy(t) for t in trials],
             mode="markers", name=f"{side.framework} ({side.study.study_name})",
             text=[f"{side.study.study_name} #{t.number}" for t in trials], hoverinfo="text+x+y",
             marker={"size": 10, "color": colour, "line": {"width": 1, "color": "#444"}}))
-        _mark(fig, side.best, results.rate(side.best), side.best.user_attrs["val_accuracy"],
+        _mark(fig, side.best, results.rate(side.best), results.accuracy(side.best),
               f"{side.framework} winner", colour)
         floor = _floor(side.study)
         if floor is not None:

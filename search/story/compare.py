@@ -9,6 +9,7 @@ import optuna
 from optuna.trial import FrozenTrial
 
 from knobtune.search.errors import UserError
+from knobtune.search.storage.record import StudyRecord, TrialRecord
 from knobtune.search.story import results
 from knobtune.search.story.progress import rate
 
@@ -42,30 +43,32 @@ class Side:
     @property
     def base_sps(self) -> float:
         c = self.confirmed
-        return float(c["medians"][str(c["baseline"])]) if c else self.baseline.user_attrs["samples_per_second"]
+        return float(c["medians"][str(c["baseline"])]) if c else TrialRecord.of(self.baseline).samples_per_second
 
     @property
     def best_sps(self) -> float:
         c = self.confirmed
-        return float(c["medians"][str(self.best.number)]) if c else self.best.user_attrs["samples_per_second"]
+        return float(c["medians"][str(self.best.number)]) if c else TrialRecord.of(self.best).samples_per_second
 
     @property
-    def speedup(self) -> float:
-        return self.best_sps / self.base_sps
+    def speedup(self) -> results.Speedup:
+        """The study's own speedup figure for its winner (results.speedup: what every presenter shows)."""
+        found = results.speedup(self.study, self.best)
+        return found if found is not None else results.Speedup(self.best_sps / self.base_sps)
 
 
 def _side(study: optuna.Study) -> Side:
-    definition = study.user_attrs.get("definition")
+    definition = StudyRecord.of(study).definition
     if not definition:
         raise UserError(f"study {study.study_name!r} was not made by knobtune")
     base, best = results.baseline(study), results.best(study)
-    if base is None or base.user_attrs.get("outcome") != "ok" or best is None:
+    if base is None or not TrialRecord.of(base).ok or best is None:
         raise UserError(f"study {study.study_name!r} has no successful baseline and feasible best yet; run it first")
     return Side(study, definition["study"]["framework"], job(definition), base, best)
 
 
 def _machine(study: optuna.Study) -> dict[str, Any]:
-    fingerprint = study.user_attrs.get("fingerprint", {})
+    fingerprint = StudyRecord.of(study).fingerprint
     machine = {k: fingerprint.get(k) for k in MACHINE_KEYS}
     machine["gpus"] = [g.get("name") for g in machine.get("gpus") or []]
     return machine
@@ -81,7 +84,7 @@ def job(definition: dict[str, Any]) -> str:
 
 def check_comparable(a: optuna.Study, b: optuna.Study, force: bool) -> list[str]:
     """Refuse (UserError) studies of different workloads or machines unless ``force``; return notes."""
-    sa, sb = a.user_attrs.get("definition", {}), b.user_attrs.get("definition", {})
+    sa, sb = StudyRecord.of(a).definition, StudyRecord.of(b).definition
     wa, wb = job(sa), job(sb)
     problems = []
     if wa != wb:
@@ -104,15 +107,15 @@ def knob_effects(side: Side) -> list[tuple[str, Any, Any, float | None]]:
     is the median samples/s of the study's ok trials with the winner's value over those with the
     baseline's value (None when one side has no trial). Largest effect first."""
     base_knobs, best_knobs = results.knob_values(side.baseline), results.knob_values(side.best)
-    applied = {k for k, v in side.best.user_attrs.get("knobs", {}).items() if v.get("applied")}
-    ok = [t for t in results.finished(side.study) if t.user_attrs.get("outcome") == "ok"]
+    applied = TrialRecord.of(side.best).applied_knobs
+    ok = [r for r in map(TrialRecord.of, results.finished(side.study)) if r.ok]
     effects = []
     for knob in sorted(applied):
         old, new = base_knobs.get(knob), best_knobs.get(knob)
         if old == new:
             continue
-        with_new = [t.user_attrs["samples_per_second"] for t in ok if results.knob_values(t).get(knob) == new]
-        with_old = [t.user_attrs["samples_per_second"] for t in ok if results.knob_values(t).get(knob) == old]
+        with_new = [r.samples_per_second for r in ok if r.knob_values.get(knob) == new]
+        with_old = [r.samples_per_second for r in ok if r.knob_values.get(knob) == old]
         effect = statistics.median(with_new) / statistics.median(with_old) if with_new and with_old else None
         effects.append((knob, old, new, effect))
     return sorted(effects, key=lambda e: -(e[3] or 0))
@@ -133,11 +136,10 @@ def _effects_text(side: Side, top: int = 3) -> str:
 
 def precision(trial: FrozenTrial) -> str:
     """The arithmetic a trial trained in: mixed precision, or fp32 with IEEE or TF32 matmuls."""
-    knobs = trial.user_attrs.get("knobs", {})
+    rec = TrialRecord.of(trial)
 
     def value(name: str) -> Any:
-        entry = knobs.get(name) or {}
-        return entry.get("value") if entry.get("applied") else None
+        return rec.applied_knobs.get(name)
 
     amp, policy = value("amp"), value("mixed_precision")
     if amp and amp != "off":
@@ -145,7 +147,7 @@ def precision(trial: FrozenTrial) -> str:
     if policy and policy != "float32":
         return policy.replace("mixed_", "") + " mixed precision"
     matmul, tf32 = value("matmul_precision"), value("tf32")
-    convs = (trial.user_attrs.get("applied") or {}).get("cudnn_allow_tf32")  # PyTorch: cuDNN's own flag
+    convs = (rec.applied or {}).get("cudnn_allow_tf32")  # PyTorch: cuDNN's own flag
     conv_note = "" if convs is None else (", TF32 convolutions" if convs else ", IEEE convolutions")
     if matmul in ("high", "medium") or tf32 is True:
         return "fp32, TF32 matmuls" + ("" if tf32 is True else conv_note)
@@ -155,12 +157,13 @@ def precision(trial: FrozenTrial) -> str:
 
 
 def _acc(trial: FrozenTrial) -> str:
-    value = trial.user_attrs.get("val_accuracy")
+    value = TrialRecord.of(trial).val_accuracy
     return "-" if value is None else f"{value:.3f}"
 
 
-def table(a: Side, b: Side) -> str:
-    rows = [
+def rows(a: Side, b: Side) -> list[tuple[str, str, str]]:
+    """The comparison's rows (label, a, b): ``knobtune compare``'s table and the report's."""
+    return [
         ("framework", a.framework, b.framework),
         ("study", a.study.study_name, b.study.study_name),
         ("samples/s figures", a.figures, b.figures),
@@ -170,14 +173,18 @@ def table(a: Side, b: Side) -> str:
         ("best val_accuracy", _acc(a.best), _acc(b.best)),
         ("baseline precision", precision(a.baseline), precision(b.baseline)),
         ("best precision", precision(a.best), precision(b.best)),
-        ("best warm-up s", f"{a.best.user_attrs.get('warmup_seconds', 0):.1f}",
-         f"{b.best.user_attrs.get('warmup_seconds', 0):.1f}"),
-        ("speedup over own baseline", f"{a.speedup:.2f}x", f"{b.speedup:.2f}x"),
+        ("best warm-up s", *(f"{TrialRecord.of(s.best).warmup_seconds or 0:.1f}" for s in (a, b))),  # type: ignore[list-item]
+        ("speedup over own baseline", f"{a.speedup.value:.2f}x", f"{b.speedup.value:.2f}x"),
+        ("speedup figure", a.speedup.label, b.speedup.label),
         ("best trial", f"#{a.best.number}", f"#{b.best.number}"),
     ]
-    width = max(len(r[0]) for r in rows)
-    col = max(12, *(len(str(r[1])) for r in rows))
-    lines = [f"  {label:<{width}}  {str(x):>{col}}  {str(y):>{col}}" for label, x, y in rows]
+
+
+def table(a: Side, b: Side) -> str:
+    rows_ = rows(a, b)
+    width = max(len(r[0]) for r in rows_)
+    col = max(12, *(len(str(r[1])) for r in rows_))
+    lines = [f"  {label:<{width}}  {str(x):>{col}}  {str(y):>{col}}" for label, x, y in rows_]
     for side in (a, b):
         changed = [f"{k}={v}" for k, _, v, _ in knob_effects(side)]
         lines.append(f"  {side.framework} best knobs: {' '.join(changed) or '(the baseline settings)'}")
@@ -197,19 +204,20 @@ def verdict(a: Side, b: Side) -> str:
     base_fast, base_slow = (a, b) if a.base_sps >= b.base_sps else (b, a)
     text += (f"Out of the box {base_fast.framework if not same else repr(base_fast.study.study_name)} led by "
              f"{base_fast.base_sps / base_slow.base_sps:.2f}x ({rate(base_fast.base_sps)} vs {rate(base_slow.base_sps)}); "
-             f"tuning gave {a.framework} {a.speedup:.2f}x and {b.framework} {b.speedup:.2f}x. ")
+             f"tuning gave {a.framework} {a.speedup.value:.2f}x and {b.framework} {b.speedup.value:.2f}x. ")
     if not (a.confirmed and b.confirmed):
         unconfirmed = " and ".join(repr(s.study.study_name) for s in (a, b) if not s.confirmed)
         text += (f"Caution: {unconfirmed} has no confirmation, so its figures are single trials measured minutes "
                  f"apart on a machine whose speed varies; run it without --no-confirm for medians of interleaved "
                  f"rounds before trusting a gap under about 20 %. ")
     else:
-        text += "Figures: each study's confirmed medians (interleaved rounds). "
+        text += ("Figures: each study's confirmed medians (interleaved rounds); the speedups are the median of "
+                 "each round's paired ratio. ")
     text += f"What made the difference: {a.framework}: {_effects_text(a)}; {b.framework}: {_effects_text(b)}."
     pa, pb = precision(a.best), precision(b.best)
     text += f" Precision of the tuned runs: {a.framework} {pa}, {b.framework} {pb}"
     text += "." if pa == pb else " (not the same arithmetic: part of the gap may be precision, not the framework)."
-    acc_a, acc_b = a.best.user_attrs.get("val_accuracy"), b.best.user_attrs.get("val_accuracy")
+    acc_a, acc_b = TrialRecord.of(a.best).val_accuracy, TrialRecord.of(b.best).val_accuracy
     acc_gap = acc_a - acc_b if acc_a is not None and acc_b is not None else 0.0
     if abs(acc_gap) >= 0.01:
         better = a if acc_gap > 0 else b

@@ -8,6 +8,7 @@ from typing import Any
 import optuna
 
 from knobtune.search.errors import UserError
+from knobtune.search.storage.record import StudyRecord, TrialRecord
 from knobtune.search.story import results
 
 FORMAT = "knobtune.best/1"
@@ -39,11 +40,13 @@ def best_config(study: optuna.Study, pick: str | None = None) -> dict[str, Any]:
         detail = ", ".join(f"{n} {k}" for k, n in counts.items()) or "no finished trials"
         raise UserError(f"study {study.study_name!r} has no feasible trial to export ({detail})")
     base = results.baseline(study)
-    definition = study.user_attrs.get("definition", {})
-    sps = best.user_attrs["samples_per_second"]
-    base_sps = base.user_attrs.get("samples_per_second") if base else None
-    knobs = best.user_attrs.get("knobs", {})
+    kept = StudyRecord.of(study)
+    section = kept.section("study")
+    w = TrialRecord.of(best)
+    b = TrialRecord.of(base) if base else TrialRecord()
+    sps, base_sps = w.samples_per_second, b.samples_per_second
     confirmed = results.confirmation(study)
+    headline = results.speedup(study, best)
     confirmed_block = None
     if confirmed and confirmed.get("winner") == best.number:
         confirmed_block = {
@@ -59,42 +62,46 @@ def best_config(study: optuna.Study, pick: str | None = None) -> dict[str, Any]:
     return {
         "format": FORMAT,
         "study": study.study_name,
-        "framework": definition.get("study", {}).get("framework"),
-        "workload": definition.get("study", {}).get("workload") or None,
-        "script": definition.get("study", {}).get("script"),
-        "args": definition.get("study", {}).get("args") or [],
+        "framework": section.get("framework"),
+        "workload": section.get("workload") or None,
+        "script": section.get("script"),
+        "args": section.get("args") or [],
         "trial": best.number,
-        "knobs": {name: entry["value"] for name, entry in knobs.items()},
-        "not_applied": {name: entry.get("why", "") for name, entry in knobs.items() if not entry.get("applied")},
-        "metrics": {
+        "knobs": w.knob_values,
+        "not_applied": {name: entry.why or "" for name, entry in w.knobs.items() if not entry.applied},
+        # the speedup to quote: the confirmation's median of paired per-round ratios when it crowned
+        # this trial, else the search trial over the search baseline (metrics.speedup)
+        "speedup": {"value": headline.value, "figure": headline.label,
+                    "range": list(headline.range) if headline.range else None} if headline else None,
+        "metrics": {  # the search trial's own measurements
             "samples_per_second": sps,
-            "samples_per_second_cv": best.user_attrs.get("samples_per_second_cv"),
+            "samples_per_second_cv": w.samples_per_second_cv,
             "baseline_samples_per_second": base_sps,
-            "speedup": sps / base_sps if base_sps else None,
-            "val_accuracy": best.user_attrs.get("val_accuracy"),
-            "baseline_val_accuracy": base.user_attrs.get("val_accuracy") if base else None,
-            "baseline_accuracies": base.user_attrs.get("baseline_accuracies") if base else None,
-            "accuracy_floor": (confirmed or {}).get("accuracy_floor") or best.user_attrs.get("accuracy_floor"),
-            "effective_batch_size": best.user_attrs.get("effective_batch_size"),
-            "warmup_seconds": best.user_attrs.get("warmup_seconds"),
-            "peak_memory_mb": best.user_attrs.get("peak_memory_mb"),
-            "memory_limit_mb": best.user_attrs.get("memory_limit_mb"),
-            "memory_fraction": best.user_attrs.get("memory_fraction"),
-            "effective_samples_per_second": best.user_attrs.get("effective_samples_per_second"),
-            "time_to_accuracy": best.user_attrs.get("time_to_accuracy"),
+            "speedup": sps / base_sps if sps and base_sps else None,
+            "val_accuracy": w.val_accuracy,
+            "baseline_val_accuracy": b.val_accuracy,
+            "baseline_accuracies": b.baseline_accuracies,
+            "accuracy_floor": (confirmed or {}).get("accuracy_floor") or w.accuracy_floor,
+            "effective_batch_size": w.effective_batch_size,
+            "warmup_seconds": w.warmup_seconds,
+            "peak_memory_mb": w.peak_memory_mb,
+            "memory_limit_mb": w.memory_limit_mb,
+            "memory_fraction": w.memory_fraction,
+            "effective_samples_per_second": w.effective_samples_per_second,
+            "time_to_accuracy": w.time_to_accuracy,
         },
         # production must run the winner's batch size with the learning rate it was measured with
-        "lr_scaling": definition.get("study", {}).get("lr_scaling", "none"),
-        "lr_scale": best.user_attrs.get("lr_scale", 1.0),
-        "learning_rate": (best.user_attrs.get("applied") or {}).get("learning_rate"),
+        "lr_scaling": section.get("lr_scaling", "none"),
+        "lr_scale": w.lr_scale if w.lr_scale is not None else 1.0,
+        "learning_rate": (w.applied or {}).get("learning_rate"),
         "objective": results.mode(study),
         "pick": pick or ("fastest-feasible" if results.mode(study) == "pareto" else None),
         "confirmed": confirmed_block,
-        "burst": definition.get("burst"),
-        "fingerprint": study.user_attrs.get("fingerprint", {}),
+        "burst": kept.definition.get("burst"),
+        "fingerprint": kept.fingerprint,
         # what each trial measured: the whole machine, or one share of it (--jobs): run the winner
         # on that share (one GPU and its cores: one rank of a data-parallel job)
-        "partition": study.user_attrs.get("partition", {"jobs": 1, "share": "the whole machine"}),
+        "partition": kept.partition or {"jobs": 1, "share": "the whole machine"},
         "created": datetime.now(timezone.utc).isoformat(timespec="seconds"),
     }
 

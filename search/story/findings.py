@@ -17,6 +17,7 @@ import optuna
 from optuna.trial import FrozenTrial, TrialState
 
 from knobtune.search.storage.database import DEFAULT_URL, redact
+from knobtune.search.storage.record import StudyRecord, TrialRecord
 from knobtune.search.story import results
 from knobtune.search.story.progress import rate
 
@@ -46,11 +47,8 @@ def _figure(trial: FrozenTrial, minimize: bool) -> str:
 
 
 def _speedup(trial: FrozenTrial, base: FrozenTrial, minimize: bool) -> str:
-    if minimize:
-        value, ref = trial.value, base.value
-        return f"{ref / value:.2f}x" if value and ref else "-"
-    value, ref = results.rate(trial), results.rate(base)
-    return f"{value / ref:.2f}x" if value and ref else "-"
+    value = results.search_speedup(trial, base, minimize)
+    return f"{value:.2f}x" if value else "-"
 
 
 def _storage_arg(url: str) -> str:
@@ -84,9 +82,8 @@ def roles(study: optuna.Study) -> dict[int, str]:
 
 def _changed(winner: FrozenTrial, base: FrozenTrial) -> list[str]:
     before = results.knob_values(base)
-    knobs = winner.user_attrs.get("knobs", {})
-    return [f"`{name}`: {before.get(name)!r} -> **{entry['value']!r}**" for name, entry in knobs.items()
-            if entry.get("applied") and before.get(name) != entry["value"]]
+    return [f"`{name}`: {before.get(name)!r} -> **{value!r}**"
+            for name, value in TrialRecord.of(winner).applied_knobs.items() if before.get(name) != value]
 
 
 def _verdict(study: optuna.Study, base: FrozenTrial, best: FrozenTrial | None, minimize: bool) -> str:
@@ -102,9 +99,10 @@ def _verdict(study: optuna.Study, base: FrozenTrial, best: FrozenTrial | None, m
                     f"rounds (a candidate must keep the accuracy and be {confirmed.get('min_speedup', 0.03):.0%} "
                     f"faster in the median of the paired rounds and faster in most of them), so the baseline, "
                     f"trial #{base.number}, is kept.{closest}{''.join(out)}")
-        lo, hi = confirmed.get("speedup_range") or (None, None)
-        spread = f" (range {lo:.2f}x-{hi:.2f}x over {rounds} interleaved rounds)" if lo else ""
-        speedup = f"**{confirmed['speedup']:.2f}x**" if confirmed.get("speedup") else "(no paired rounds)"
+        figure = results.speedup(study, best) if best is not None and best.number == confirmed["winner"] else None
+        spread = (f" (range {figure.range[0]:.2f}x-{figure.range[1]:.2f}x over {rounds} interleaved rounds)"
+                  if figure and figure.range else "")
+        speedup = f"**{figure.value:.2f}x**" if figure and figure.rounds else "(no paired rounds)"
         return (f"**Confirmed winner: trial #{confirmed['winner']}**, {speedup} the baseline "
                 f"(trial #{base.number}){spread}.")
     if confirmed:
@@ -115,7 +113,7 @@ def _verdict(study: optuna.Study, base: FrozenTrial, best: FrozenTrial | None, m
         return (f"Best so far: **the baseline** (trial #{base.number}): no other trial measured faster within the "
                 f"accuracy guard.")
     return (f"Best so far: **trial #{best.number}**, {_speedup(best, base, minimize)} the baseline "
-            f"(trial #{base.number}); not confirmed side by side yet (knobtune confirms the top candidates against "
+            f"(trial #{base.number}), one search trial each; not confirmed side by side yet (knobtune confirms the top candidates against "
             f"the baseline when the search reaches its trial count, unless run with --no-confirm).")
 
 
@@ -158,7 +156,7 @@ def _badge_sentence(study: optuna.Study, winner: FrozenTrial | None) -> str | No
                 else " its confirmation rounds did not succeed")
     else:
         held = " it was not among the candidates confirmed side by side"
-    cv = badge.user_attrs.get("samples_per_second_cv")
+    cv = TrialRecord.of(badge).samples_per_second_cv
     noise = f" (its windows varied by {cv:.0%})" if cv else ""
     best_word = "lowest time" if results.mode(study) == "time-to-accuracy" else "highest"
     return (f"optuna-dashboard's \"Best Trial\" badge marks trial #{badge.number}: its single measurement was the "
@@ -171,9 +169,10 @@ def _outcomes(study: optuna.Study) -> list[str]:
     counts = results.outcome_counts(study)
     items = [f"{n} {k}" for k, n in sorted(counts.items(), key=lambda kv: -kv[1])]
     failed = study.get_trials(deepcopy=False, states=(TrialState.FAIL,))
-    skipped = [t for t in failed if t.user_attrs.get("duplicate_of") is not None]
-    interrupted = [t for t in failed if t.user_attrs.get("duplicate_of") is None]
-    requeued = [t for t in interrupted if "queued again" in (t.user_attrs.get("failure") or "")]
+    records = [TrialRecord.of(t) for t in failed]
+    skipped = [r for r in records if r.duplicate_of is not None]
+    interrupted = [r for r in records if r.duplicate_of is None]
+    requeued = [r for r in interrupted if "queued again" in (r.failure or "")]
     if skipped:
         items.append(f"{len(skipped)} duplicate proposal(s) skipped: the sampler proposed knobs already measured; "
                      f"they were neither measured again nor counted (Optuna shows them as Fail: it has no "
@@ -182,20 +181,21 @@ def _outcomes(study: optuna.Study) -> list[str]:
         again = f", {len(requeued)} of them queued again and re-run by another worker" if requeued else ""
         items.append(f"{len(interrupted)} trial(s) interrupted (Ctrl-C, a run that stopped, or a worker that went "
                      f"silent){again}: not counted")
-    pruned = [t for t in results.finished(study) if t.user_attrs.get("outcome") == "pruned"]
+    done = [TrialRecord.of(t) for t in results.finished(study)]
+    pruned = [r for r in done if r.outcome == "pruned"]
     if pruned:
-        saved = sum(t.user_attrs.get("time_saved_seconds", 0) for t in pruned)
+        saved = sum(r.time_saved_seconds or 0 for r in pruned)
         items.append(f"pruning stopped {len(pruned)} trial(s) early, saving about {saved:.0f} s")
-    noisy = [t for t in results.finished(study) if t.user_attrs.get("noisy")]
+    noisy = [r for r in done if r.noisy]
     if noisy:
         items.append(f"{len(noisy)} trial(s) were noisy (window rates varying more than "
-                     f"{study.user_attrs.get('definition', {}).get('confirm', {}).get('noise_cv', 0.05):.0%})")
+                     f"{StudyRecord.of(study).section('confirm').get('noise_cv', 0.05):.0%})")
     return items
 
 
 def diagnosis_items(study: optuna.Study, base: FrozenTrial, winner: FrozenTrial | None) -> list[str]:
     """The bottleneck of the baseline and the winner, both ceilings, and how close each gets."""
-    diagnosis = study.user_attrs.get("diagnosis")
+    diagnosis = StudyRecord.of(study).diagnosis
     if not diagnosis or winner is None or diagnosis.get("winner_trial") != winner.number:
         return []
     out = []
@@ -208,7 +208,7 @@ def diagnosis_items(study: optuna.Study, base: FrozenTrial, winner: FrozenTrial 
         if "bottleneck" not in entry:
             continue
         limit = entry["bottleneck"]
-        sps = trial.user_attrs.get("samples_per_second")
+        sps = TrialRecord.of(trial).samples_per_second
         close = f"; it runs at **{sps / entry[limit]:.0%}** of its {limit} ceiling" if sps and entry[limit] else ""
         out.append(f"{label} (trial #{trial.number}): bottleneck **{limit}** (input ceiling "
                    f"{rate(entry['input'])} samples/s, compute ceiling {rate(entry['compute'])}){close}")
@@ -218,31 +218,31 @@ def diagnosis_items(study: optuna.Study, base: FrozenTrial, winner: FrozenTrial 
 def study_story(study: optuna.Study, url: str, stage: str | None = None) -> list[Block]:
     """The study's story, from the storage alone. ``stage`` says when it was written ("after
     trial #7", "after confirmation"): the note is kept current as the run goes on."""
-    definition = study.user_attrs.get("definition", {})
-    section = definition.get("study", {})
+    kept = StudyRecord.of(study)
+    section = kept.section("study")
     m = results.mode(study)
     minimize = m == "time-to-accuracy"
     job = section.get("workload") or (Path(section["script"]).name if section.get("script") else "?")
     blocks: list[Block] = [("h", f"{study.study_name}: {section.get('framework', '?')}, {job}, objective {m}")]
     base, best = results.baseline(study), results.best(study)
-    if base is None or base.user_attrs.get("outcome") != "ok":
+    if base is None or not TrialRecord.of(base).ok:
         blocks.append(("p", "No successful baseline trial yet: every trial is judged against it."))
         blocks.append(("ul", _outcomes(study)))
         return blocks
     blocks.append(("p", _verdict(study, base, best, minimize)))
-    metric = "seconds to target" if minimize else ("job samples/s" if "effective_samples_per_second"
-                                                   in base.user_attrs else "samples/s")
-    rows = [["baseline", f"#{base.number}", _figure(base, minimize), _acc(base.user_attrs.get("val_accuracy")),
-             "1.00x"]]
+    b = TrialRecord.of(base)
+    metric = "seconds to target" if minimize else ("job samples/s" if b.effective_samples_per_second is not None
+                                                   else "samples/s")
+    rows = [["baseline", f"#{base.number}", _figure(base, minimize), _acc(b.val_accuracy), "1.00x"]]
     role = roles(study)
     if best is not None and best.number != base.number:
         rows.append([role.get(best.number, ROLE_SEARCHED), f"#{best.number}", _figure(best, minimize),
-                     _acc(best.user_attrs.get("val_accuracy")), _speedup(best, base, minimize)])
+                     _acc(results.accuracy(best)), _speedup(best, base, minimize)])
     badge = optuna_best(study)
     if badge is not None and badge.number not in (base.number, best.number if best else None):
         rows.append(["Optuna's \"Best Trial\"", f"#{badge.number}", _figure(badge, minimize),
-                     _acc(badge.user_attrs.get("val_accuracy")), _speedup(badge, base, minimize)])
-    blocks.append(("table", ["", "trial", metric, "val_accuracy", "speedup (single trial)"], rows))
+                     _acc(results.accuracy(badge)), _speedup(badge, base, minimize)])
+    blocks.append(("table", ["", "trial", metric, "val_accuracy", "speedup (one search trial each)"], rows))
     if best is not None and best.number != base.number:
         changed = _changed(best, base)
         blocks += [("h", "What made the difference"),
@@ -251,9 +251,9 @@ def study_story(study: optuna.Study, url: str, stage: str | None = None) -> list
     if sentence:
         blocks.append(("p", sentence))
     guard = []
-    floor = (best or base).user_attrs.get("accuracy_floor")
+    floor = TrialRecord.of(best or base).accuracy_floor
     if floor is not None:
-        runs = len(base.user_attrs.get("baseline_accuracies") or [0])
+        runs = len(b.baseline_accuracies or [0])
         how = (f"the baseline's mean over {runs} seeds minus max_accuracy_drop minus their spread" if runs > 1
                else "the baseline minus max_accuracy_drop")
         guard.append(f"during the search: val_accuracy >= {floor:.3f} ({how})")
@@ -264,7 +264,7 @@ def study_story(study: optuna.Study, url: str, stage: str | None = None) -> list
             guard.append(f"final: the winner's mean val_accuracy over the rounds' seeds {accuracy:.3f} >= "
                          f"{confirmed['accuracy_floor']:.3f} (the mean of "
                          f"{len(confirmed.get('baseline_accuracies', []))} baseline runs minus max_accuracy_drop)")
-    if definition.get("guard", {}).get("accuracy") is False:
+    if kept.section("guard").get("accuracy") is False:
         guard.append("off ([guard] accuracy = false): throughput alone")
     if guard:
         blocks += [("h", "Accuracy guard"), ("ul", guard)]
@@ -284,9 +284,9 @@ def study_story(study: optuna.Study, url: str, stage: str | None = None) -> list
 def trial_story(study: optuna.Study, trial: FrozenTrial, url: str) -> list[Block] | None:
     """The note of a trial that needs one: the baseline, the winner, and every trial that did
     not end ``ok`` (the outcome, the reason, the output's tail); None for the rest."""
-    attrs = trial.user_attrs
+    rec = TrialRecord.of(trial)
     role = roles(study).get(trial.number)
-    twin = attrs.get("duplicate_of")
+    twin = rec.duplicate_of
     if trial.state == TrialState.FAIL and twin is not None:
         return [("h", f"Trial #{trial.number}: skipped (a duplicate proposal, not a failure)"),
                 ("p", f"The sampler proposed the same knobs as trial #{twin}, which was measured (or being "
@@ -295,10 +295,10 @@ def trial_story(study: optuna.Study, trial: FrozenTrial, url: str) -> list[Block
                       f"so it lists this trial as Fail.")]
     if trial.state == TrialState.FAIL:
         return [("h", f"Trial #{trial.number}: interrupted"),
-                ("p", f"{attrs.get('failure') or 'The run stopped while this trial was running.'} It was not "
+                ("p", f"{rec.failure or 'The run stopped while this trial was running.'} It was not "
                       f"counted, and its measurement, if any, was not kept; the sampler may propose its "
                       f"configuration again.")]
-    outcome = attrs.get("outcome")
+    outcome = rec.outcome
     if outcome == "ok" and role is None:
         return None
     blocks: list[Block] = []
@@ -316,29 +316,29 @@ def trial_story(study: optuna.Study, trial: FrozenTrial, url: str) -> list[Block
         confirmed = results.confirmation(study)
         title = "the confirmed winner" if role == ROLE_WINNER else "the best so far (not confirmed yet)"
         blocks.append(("h", f"Trial #{trial.number}: {title}"))
-        if role == ROLE_WINNER and confirmed and confirmed.get("speedup"):
-            lo, hi = confirmed.get("speedup_range") or (None, None)
-            spread = f" (range {lo:.2f}x-{hi:.2f}x)" if lo else ""
-            blocks.append(("p", f"{confirmed['speedup']:.2f}x the baseline over {confirmed['repeats']} interleaved "
-                                f"rounds{spread}. This is what `knobtune export` writes."))
+        figure = results.speedup(study, trial)
+        if role == ROLE_WINNER and figure is not None and figure.rounds:
+            spread = f" (range {figure.range[0]:.2f}x-{figure.range[1]:.2f}x)" if figure.range else ""
+            blocks.append(("p", f"{figure.value:.2f}x the baseline, the {figure.label}{spread}. This is what "
+                                f"`knobtune export` writes."))
         if base is not None and base.number != trial.number:
             blocks.append(("ul", _changed(trial, base) or ["the same knobs as the baseline"]))
     if outcome == "ok":
         blocks.append(("p", f"{_figure(trial, minimize)}{'' if minimize else ' samples/s'}, val_accuracy "
-                            f"{_acc(attrs.get('val_accuracy'))}."))
-        if attrs.get("feasible") is False:
-            why = results.infeasible_why(attrs)
+                            f"{_acc(rec.val_accuracy)}."))
+        if rec.feasible is False:
+            why = results.infeasible_why(rec)
             blocks.append(("p", f"{why[0].upper()}{why[1:]}: not a candidate."))
         return blocks
-    failure = (attrs.get("failure") or "").strip()
+    failure = (rec.failure or "").strip()
     first, _, rest = failure.partition("\n")
     blocks += [("h", f"Trial #{trial.number}: {outcome or 'no result'}"),
                ("p", f"**{OUTCOME_MEANING.get(outcome or '', 'no result')}**: {first or 'no reason recorded'}")]
     if rest.strip():
         blocks.append(("code", rest.strip()))
-    if attrs.get("output_tail"):
+    if rec.output_tail:
         blocks += [("p", "Its output ended with (the whole of it is the trial's `output.log` artifact):"),
-                   ("code", attrs["output_tail"])]
+                   ("code", rec.output_tail)]
     return blocks
 
 

@@ -18,11 +18,13 @@ from optuna.trial import FrozenTrial, TrialState
 from knobtune import __version__
 from knobtune.search.errors import UserError
 from knobtune.search.storage.database import redact
+from knobtune.search.storage.record import StudyRecord, TrialRecord
 from knobtune.search.story import charts, findings, results
 from knobtune.search.story.charts import Chart
 
 # (compare._side: the same checks and figures as `knobtune compare`)
-from knobtune.search.story.compare import Side, _side, check_comparable, job, knob_effects, precision, verdict
+from knobtune.search.story.compare import Side, _side, check_comparable, job, knob_effects, verdict
+from knobtune.search.story.compare import rows as compare_rows
 from knobtune.search.story.progress import rate
 
 # Measurements first in the table and the CSV, in this order (other attributes follow).
@@ -39,28 +41,27 @@ TABLE_COLUMNS = {"number": "#", "role": "role", "outcome": "outcome", "reason": 
 
 def outcome(study: optuna.Study, trial: FrozenTrial) -> tuple[str, str]:
     """A trial's outcome as the summary counts it, and the reason in one line ("" when ok)."""
-    attrs = trial.user_attrs
+    rec = TrialRecord.of(trial)
     if trial.state == TrialState.FAIL:
-        twin = attrs.get("duplicate_of")
-        if twin is not None:
-            return "skipped", f"duplicate proposal of trial #{twin}: not measured again, not counted"
-        return "interrupted", (attrs.get("failure") or "the run stopped while it ran").splitlines()[0]
+        if rec.duplicate_of is not None:
+            return "skipped", f"duplicate proposal of trial #{rec.duplicate_of}: not measured again, not counted"
+        return "interrupted", (rec.failure or "the run stopped while it ran").splitlines()[0]
     if not trial.state.is_finished():
         return trial.state.name.lower(), ""
-    found = attrs.get("outcome", "?")
+    found = rec.outcome or "?"
     if found == "ok" and not results.is_feasible(trial):
-        if results.mode(study) == "time-to-accuracy" and attrs.get("accuracy_reached") is not None:
-            return "target not reached", f"accuracy reached {attrs['accuracy_reached']:.3f}"
-        accuracy, floor = attrs.get("val_accuracy"), attrs.get("accuracy_floor")
+        if results.mode(study) == "time-to-accuracy" and rec.accuracy_reached is not None:
+            return "target not reached", f"accuracy reached {rec.accuracy_reached:.3f}"
+        accuracy, floor = rec.val_accuracy, rec.accuracy_floor
         if accuracy is not None and floor is not None and accuracy < floor:
             return "below accuracy guard", f"val_accuracy {accuracy:.3f} < floor {floor:.3f}"
-        if attrs.get("memory_fraction") is not None:
-            return "over memory headroom", results.infeasible_why(attrs)
+        if rec.memory_fraction is not None:
+            return "over memory headroom", results.infeasible_why(rec)
         return "below accuracy guard", ""
     if found == "ok":
-        cv = attrs.get("samples_per_second_cv")
-        return "ok", (f"noisy: its windows varied by {cv:.0%}" if attrs.get("noisy") and cv else "")
-    first = (attrs.get("failure") or "").strip().splitlines()
+        cv = rec.samples_per_second_cv
+        return "ok", (f"noisy: its windows varied by {cv:.0%}" if rec.noisy and cv else "")
+    first = (rec.failure or "").strip().splitlines()
     return found, first[0] if first else findings.OUTCOME_MEANING.get(found, "no reason recorded")
 
 
@@ -72,11 +73,12 @@ def _cell(value: Any) -> Any:
 def _flat(trial: FrozenTrial) -> dict[str, Any]:
     """A trial's user attributes as flat columns: ``knob_<name>`` for each knob's effective value,
     ``<attr>_<key>`` for the other dicts' entries, the rest as they are."""
+    rec = TrialRecord.of(trial)
     out: dict[str, Any] = {}
-    for key, value in trial.user_attrs.items():
+    for key, value in rec.attrs().items():
         if key == "knobs":
-            out.update({f"knob_{name}": _cell(entry.get("value")) for name, entry in value.items()})
-            out["knobs_not_applied"] = ", ".join(sorted(n for n, e in value.items() if not e.get("applied")))
+            out.update({f"knob_{name}": _cell(entry.value) for name, entry in rec.knobs.items()})
+            out["knobs_not_applied"] = ", ".join(sorted(n for n, e in rec.knobs.items() if not e.applied))
         elif isinstance(value, dict):
             out.update({f"{key}_{sub}": _cell(v) for sub, v in value.items()})
         else:
@@ -178,10 +180,10 @@ def _paired_table(study: optuna.Study) -> str:
 def _effects_table(study: optuna.Study) -> str:
     """For each knob the winner changed: the measured effect (compare's definition)."""
     base, best = results.baseline(study), results.best(study)
-    if base is None or best is None or base.number == best.number or base.user_attrs.get("outcome") != "ok":
+    if base is None or best is None or base.number == best.number or not TrialRecord.of(base).ok:
         return ""
-    definition = study.user_attrs.get("definition", {})
-    side = Side(study, definition.get("study", {}).get("framework", "?"), job(definition), base, best)
+    kept = StudyRecord.of(study)
+    side = Side(study, kept.framework or "?", job(kept.definition), base, best)
     rows = [[f"`{knob}`", repr(old), repr(new), f"{effect:.2f}x" if effect is not None else "-"]
             for knob, old, new, effect in knob_effects(side)]
     if not rows:
@@ -208,33 +210,15 @@ def study_sections(study: optuna.Study, url: str, prefix: str = "", level: int =
 
 def comparison_sections(a: Side, b: Side, notes: list[str]) -> str:
     """The part of ``report A B`` about both: the table, the verdict, two charts."""
-    rows = [
-        ["framework", a.framework, b.framework],
-        ["study", a.study.study_name, b.study.study_name],
-        ["samples/s figures", a.figures, b.figures],
-        ["baseline samples/s", rate(a.base_sps), rate(b.base_sps)],
-        ["best samples/s", rate(a.best_sps), rate(b.best_sps)],
-        ["speedup over own baseline", f"{a.speedup:.2f}x", f"{b.speedup:.2f}x"],
-        ["baseline val_accuracy", *(_acc(s.baseline) for s in (a, b))],
-        ["best val_accuracy", *(_acc(s.best) for s in (a, b))],
-        ["baseline precision", precision(a.baseline), precision(b.baseline)],
-        ["best precision", precision(a.best), precision(b.best)],
-        ["best warm-up s", *(f"{s.best.user_attrs.get('warmup_seconds', 0):.1f}" for s in (a, b))],
-        ["best trial", f"#{a.best.number}", f"#{b.best.number}"],
-        ["knobs changed", *(", ".join(f"`{k}`={v!r}" for k, _, v, _ in knob_effects(s)) or "(the baseline settings)"
-                            for s in (a, b))],
-    ]
+    rows = [list(row) for row in compare_rows(a, b)]
+    rows.append(["knobs changed", *(", ".join(f"`{k}`={v!r}" for k, _, v, _ in knob_effects(s))
+                                    or "(the baseline settings)" for s in (a, b))])
     blocks: list[findings.Block] = [("h", f"{a.study.study_name} vs {b.study.study_name}")]
     blocks += [("p", note) for note in notes]
     blocks += [("table", ["", a.framework, b.framework], rows), ("p", verdict(a, b))]
     parts = [f'<section id="comparison" class="summary">{findings.to_html(blocks)}</section>',
              chart_section(charts.frameworks_bars(a, b)), chart_section(charts.frameworks_accuracy(a, b))]
     return "\n".join(parts)
-
-
-def _acc(trial: FrozenTrial) -> str:
-    value = trial.user_attrs.get("val_accuracy")
-    return "-" if value is None else f"{value:.3f}"
 
 
 # ----------------------------------------------------------------------------- the page

@@ -11,6 +11,7 @@ from typing import Any
 
 import optuna
 
+from knobtune.search.storage.record import mark_study
 from knobtune.search.story import findings, results
 
 # optuna-dashboard's note format (optuna_dashboard/_note.py, 0.20 and later): a version and the
@@ -79,7 +80,7 @@ def publish(study: optuna.Study, url: str, stage: str | None = None) -> None:
     for trial_id, body in wanted.items():
         if current.get(trial_id, "") != body:
             _save(storage, study_id, trial_id, body, read_note(attrs, trial_id)[0] + 1, attrs)
-    study.set_user_attr("roles", {str(n): role for n, role in findings.roles(study).items()})
+    mark_study(study, roles={str(n): role for n, role in findings.roles(study).items()})
 
 
 _warned: set[str] = set()

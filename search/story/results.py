@@ -4,10 +4,13 @@ export, compare and the benchmarks alike."""
 from __future__ import annotations
 
 import statistics
+from dataclasses import dataclass
 from typing import Any
 
 import optuna
 from optuna.trial import FrozenTrial, TrialState
+
+from knobtune.search.storage.record import StudyRecord, TrialRecord
 
 FINISHED = (TrialState.COMPLETE, TrialState.PRUNED)
 DIRECTIONS = {"throughput": ["maximize"], "pareto": ["maximize", "maximize"], "time-to-accuracy": ["minimize"]}
@@ -15,7 +18,7 @@ PICKS = ("fastest-feasible", "knee", "most-accurate")
 
 
 def mode(study: optuna.Study) -> str:
-    return study.user_attrs.get("definition", {}).get("study", {}).get("objective", "throughput")
+    return StudyRecord.of(study).objective
 
 
 def effective_rate(samples_per_second: float, warmup_seconds: float, job_samples: int | None) -> float:
@@ -32,27 +35,27 @@ def finished(study: optuna.Study) -> list[FrozenTrial]:
 
 def baseline(study: optuna.Study) -> FrozenTrial | None:
     """The latest finished baseline trial (a failed one is re-measured on resume)."""
-    found = [t for t in finished(study) if t.user_attrs.get("is_baseline")]
-    ok = [t for t in found if t.user_attrs.get("outcome") == "ok"]
+    found = [t for t in finished(study) if TrialRecord.of(t).is_baseline]
+    ok = [t for t in found if TrialRecord.of(t).ok]
     return (ok or found or [None])[-1]
 
 
-def infeasible_why(attrs: dict[str, Any]) -> str:
+def infeasible_why(rec: TrialRecord) -> str:
     """Why an ok trial is infeasible, in a few words: under the accuracy floor, or its peak memory
     over the headroom ``[guard] max_memory_fraction`` leaves."""
-    accuracy, floor = attrs.get("val_accuracy"), attrs.get("accuracy_floor")
+    accuracy, floor = rec.val_accuracy, rec.accuracy_floor
     if accuracy is not None and floor is not None and accuracy < floor:
         return f"below accuracy guard ({floor:.3f})"
-    if attrs.get("memory_fraction") is not None:
-        return (f"over memory headroom (peak {attrs['peak_memory_mb']:,.0f} MB, {attrs['memory_fraction']:.0%} of "
-                f"the {attrs['memory_limit_mb']:,.0f} MB it may use)")
+    if rec.memory_fraction is not None:
+        return (f"over memory headroom (peak {rec.peak_memory_mb or 0:,.0f} MB, {rec.memory_fraction:.0%} of "
+                f"the {rec.memory_limit_mb or 0:,.0f} MB it may use)")
     return f"below accuracy guard ({floor or 0:.3f})"
 
 
 def is_feasible(trial: FrozenTrial) -> bool:
     return (
         trial.state == TrialState.COMPLETE
-        and trial.user_attrs.get("outcome") == "ok"
+        and TrialRecord.of(trial).ok
         and all(v <= 0 for v in trial.constraints.values())
     )
 
@@ -63,17 +66,20 @@ def feasible(study: optuna.Study) -> list[FrozenTrial]:
 
 def rate(trial: FrozenTrial) -> float:
     """The throughput a trial is ranked by: effective samples/s when the study plans a job length."""
-    return trial.user_attrs.get("effective_samples_per_second", trial.user_attrs["samples_per_second"])
+    return TrialRecord.of(trial).rate  # type: ignore[return-value]
+
+
+def accuracy(trial: FrozenTrial) -> float:
+    """An ok trial's held-out accuracy (a trial on the front always has one)."""
+    return TrialRecord.of(trial).val_accuracy  # type: ignore[return-value]
 
 
 def front(study: optuna.Study) -> list[FrozenTrial]:
     """Feasible trials no other feasible trial beats on both samples/s and accuracy."""
-    candidates = feasible(study)
+    candidates = [(t, rate(t), accuracy(t)) for t in feasible(study)]
     out = []
-    for t in candidates:
-        a, acc = rate(t), t.user_attrs["val_accuracy"]
-        dominated = any(rate(o) >= a and o.user_attrs["val_accuracy"] >= acc
-                        and (rate(o) > a or o.user_attrs["val_accuracy"] > acc) for o in candidates)
+    for t, a, acc in candidates:
+        dominated = any(ra >= a and oa >= acc and (ra > a or oa > acc) for _, ra, oa in candidates)
         if not dominated:
             out.append(t)
     return sorted(out, key=rate)
@@ -85,20 +91,20 @@ def pick_from_front(points: list[FrozenTrial], pick: str) -> FrozenTrial | None:
     if not points:
         return None
     if pick == "fastest-feasible":
-        return max(points, key=lambda t: (rate(t), t.user_attrs["val_accuracy"]))
+        return max(points, key=lambda t: (rate(t), accuracy(t)))
     if pick == "most-accurate":
-        return max(points, key=lambda t: (t.user_attrs["val_accuracy"], rate(t)))
+        return max(points, key=lambda t: (accuracy(t), rate(t)))
     if pick != "knee":
         raise ValueError(f"unknown pick {pick!r}: expected one of {', '.join(PICKS)}")
     rates = [rate(t) for t in points]
-    accs = [t.user_attrs["val_accuracy"] for t in points]
+    accs = [accuracy(t) for t in points]
 
     def scaled(value: float, values: list[float]) -> float:
         span = max(values) - min(values)
         return (value - min(values)) / span if span else 1.0
 
     return min(points, key=lambda t: (1 - scaled(rate(t), rates)) ** 2
-               + (1 - scaled(t.user_attrs["val_accuracy"], accs)) ** 2)
+               + (1 - scaled(accuracy(t), accs)) ** 2)
 
 
 def searched_best(study: optuna.Study, pick: str = "fastest-feasible") -> FrozenTrial | None:
@@ -116,7 +122,7 @@ def searched_best(study: optuna.Study, pick: str = "fastest-feasible") -> Frozen
 
 def confirmation(study: optuna.Study) -> dict[str, Any] | None:
     """The confirmation record, when it covers the study's current trials."""
-    confirmed = study.user_attrs.get("confirmed")
+    confirmed = StudyRecord.of(study).confirmed
     if confirmed and confirmed.get("after_trials") == len(finished(study)):
         return confirmed
     return None
@@ -144,13 +150,13 @@ def configurations(study: optuna.Study, running: set[int] | None = None) -> list
 
 def knob_values(trial: FrozenTrial) -> dict[str, Any]:
     """The effective value of every knob of a trial (applied or not)."""
-    return {name: entry["value"] for name, entry in trial.user_attrs.get("knobs", {}).items()}
+    return TrialRecord.of(trial).knob_values
 
 
 def outcome_counts(study: optuna.Study) -> dict[str, int]:
     counts: dict[str, int] = {}
     for trial in finished(study):
-        outcome = trial.user_attrs.get("outcome", "?")
+        outcome = TrialRecord.of(trial).outcome or "?"
         if outcome == "ok" and not is_feasible(trial):
             outcome = "target not reached" if mode(study) == "time-to-accuracy" else "below accuracy guard"
         counts[outcome] = counts.get(outcome, 0) + 1
@@ -159,3 +165,47 @@ def outcome_counts(study: optuna.Study) -> dict[str, int]:
 
 def median(values: list[float]) -> float | None:
     return statistics.median(values) if values else None
+
+
+@dataclass(frozen=True)
+class Speedup:
+    """How much faster the winner is than the baseline, and which measurement says so: the
+    confirmation's median of per-round paired ratios (``rounds``), or, before a confirmation, the
+    ratio of the two search trials' own figures (one trial each)."""
+
+    value: float
+    rounds: int | None = None  # confirmed over this many interleaved rounds; None: one search trial each
+    range: tuple[float, float] | None = None
+
+    @property
+    def label(self) -> str:
+        return f"median of {self.rounds} paired rounds" if self.rounds else "one search trial each"
+
+    def __str__(self) -> str:
+        return f"{self.value:.2f}x ({self.label})"
+
+
+def search_speedup(trial: FrozenTrial, base: FrozenTrial, minimize: bool | None = None) -> float | None:
+    """One search trial over the baseline trial: rates (seconds to target for time-to-accuracy,
+    where ``minimize`` is true), with no pairing and no repeats."""
+    if minimize:
+        return base.value / trial.value if trial.value and base.value else None
+    value, ref = rate(trial), rate(base)
+    return value / ref if value and ref else None
+
+
+def speedup(study: optuna.Study, trial: FrozenTrial | None = None) -> Speedup | None:
+    """The speedup every presenter shows for ``trial`` (default: the winner): the confirmed paired
+    median when the current confirmation crowned it, else its search trial over the baseline's."""
+    trial = trial or best(study)
+    base = baseline(study)
+    if trial is None or base is None:
+        return None
+    confirmed = confirmation(study)
+    if confirmed and confirmed.get("winner") == trial.number == base.number:  # the baseline held
+        return Speedup(1.0, confirmed["repeats"])
+    if confirmed and confirmed.get("winner") == trial.number and confirmed.get("speedup"):
+        lo_hi = confirmed.get("speedup_range")
+        return Speedup(confirmed["speedup"], confirmed["repeats"], tuple(lo_hi) if lo_hi else None)  # type: ignore[arg-type]
+    value = search_speedup(trial, base, mode(study) == "time-to-accuracy")
+    return Speedup(value) if value else None

@@ -20,13 +20,23 @@ def snippet(doc: dict[str, Any]) -> str:
     return _header(doc) + body
 
 
+def headline_speedup(doc: dict[str, Any]) -> str | None:
+    """``1.46x the baseline (median of 8 paired rounds)``: the export's headline speedup, and which
+    figure it is (an export written before 0.2 has only the search trial's, ``metrics.speedup``)."""
+    found = doc.get("speedup") or {}
+    if found.get("value"):
+        return f"{found['value']:.2f}x the baseline ({found['figure']})"
+    searched = (doc.get("metrics") or {}).get("speedup")
+    return f"{searched:.2f}x the baseline (one search trial each)" if searched else None
+
+
 def _header(doc: dict[str, Any]) -> str:
-    m = doc.get("metrics") or {}
     confirmed = doc.get("confirmed") or {}
+    speedup = headline_speedup(doc)
     if confirmed.get("baseline_won"):
         verdict = "no configuration beat your current settings: these are the baseline's"
-    elif m.get("speedup"):
-        verdict = f"{m['speedup']:.2f}x the baseline" + (" (confirmed)" if confirmed else "")
+    elif speedup:
+        verdict = speedup
     else:
         verdict = "the best trial"
     lines = [

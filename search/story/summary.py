@@ -7,6 +7,7 @@ import optuna
 from optuna.trial import FrozenTrial
 
 from knobtune.search.storage.database import DEFAULT_URL, redact
+from knobtune.search.storage.record import StudyRecord, TrialRecord
 from knobtune.search.story import results
 from knobtune.search.story.findings import disqualified
 from knobtune.search.story.progress import rate
@@ -34,39 +35,37 @@ def _acc(value: float | None) -> str:
     return "-" if value is None else f"{value:.3f}"
 
 
-def trial_line(number: int, attrs: dict[str, Any], best: tuple[str, int] | None,
+def trial_line(number: int, rec: TrialRecord, best: tuple[str, int] | None,
                baseline_knobs: dict[str, Any] | None) -> str:
     """``trial #3   ok   9,141 samples/s  acc 0.956  cv 5%  11.2 s  | best ... (#2)`` + changed knobs."""
-    outcome = attrs.get("outcome", "?")
-    source = attrs.get("source")
-    tag = f"[{source}]" if source in ("baseline", "advice", "explore") else ""
-    origin = attrs.get("warm_start_from")
+    outcome = rec.outcome or "?"
+    tag = f"[{rec.source}]" if rec.source in ("baseline", "advice", "explore") else ""
+    origin = rec.warm_start_from
     if origin:
         tag = f"[warm start: {origin['study']} #{origin['trial']}]"
     head = f"trial #{number:<3} {outcome:<7}"
     if outcome == "ok":
-        text = (f"{head} {rate(attrs.get('samples_per_second')):>9} samples/s  "
-                f"acc {_acc(attrs.get('val_accuracy'))}  cv {100 * attrs.get('samples_per_second_cv', 0):>2.0f}%  "
-                f"{attrs.get('trial_seconds', 0):>5.1f} s")
-        if "effective_samples_per_second" in attrs:
-            text += f"  (job: {rate(attrs['effective_samples_per_second'])} samples/s)"
-        if "time_to_accuracy" in attrs:
-            text += f"  target in {attrs['time_to_accuracy']:.2f} s"
-        elif "accuracy_reached" in attrs:
-            text += f"  target not reached (best {attrs['accuracy_reached']:.3f})"
-        elif attrs.get("feasible") is False:
-            text += "  " + results.infeasible_why(attrs)
-        if attrs.get("noisy"):
+        text = (f"{head} {rate(rec.samples_per_second):>9} samples/s  "
+                f"acc {_acc(rec.val_accuracy)}  cv {100 * (rec.samples_per_second_cv or 0):>2.0f}%  "
+                f"{rec.trial_seconds or 0:>5.1f} s")
+        if rec.effective_samples_per_second is not None:
+            text += f"  (job: {rate(rec.effective_samples_per_second)} samples/s)"
+        if rec.time_to_accuracy is not None:
+            text += f"  target in {rec.time_to_accuracy:.2f} s"
+        elif rec.accuracy_reached is not None:
+            text += f"  target not reached (best {rec.accuracy_reached:.3f})"
+        elif rec.feasible is False:
+            text += "  " + results.infeasible_why(rec)
+        if rec.noisy:
             text += "  noisy"
     else:
-        failure = (attrs.get("failure") or "").splitlines()
-        text = f"{head} {failure[0] if failure else ''}  ({attrs.get('trial_seconds', 0):.1f} s)"
+        failure = (rec.failure or "").splitlines()
+        text = f"{head} {failure[0] if failure else ''}  ({rec.trial_seconds or 0:.1f} s)"
     if best:
         text += f"  | best {best[0]} (#{best[1]})"
-    knobs = {k: v["value"] for k, v in attrs.get("knobs", {}).items() if v.get("applied")}
     detail = [tag] if tag else []
-    if baseline_knobs is not None and not attrs.get("is_baseline"):
-        detail.append(changed_knobs(knobs, baseline_knobs))
+    if baseline_knobs is not None and not rec.is_baseline:
+        detail.append(changed_knobs(rec.applied_knobs, baseline_knobs))
     if detail:
         text += "\n" + " " * 11 + " ".join(detail)
     return text
@@ -77,14 +76,9 @@ def _metric(trial: FrozenTrial, minimize: bool) -> str:
 
 
 def _row(label: str, trial: FrozenTrial, base: FrozenTrial, minimize: bool) -> str:
-    value, ref = (trial.value, base.value) if minimize else (results.rate(trial), results.rate(base))
-    speed = (ref / value if minimize else value / ref) if value and ref else None
+    speed = results.search_speedup(trial, base, minimize)
     return (f"  {label:<9} #{trial.number:<5} {_metric(trial, minimize):>11} "
-            f"{_acc(trial.user_attrs.get('val_accuracy')):>13} {f'{speed:.2f}x' if speed else '-':>8}")
-
-
-def _applied(trial: FrozenTrial) -> dict[str, Any]:
-    return {k: v for k, v in results.knob_values(trial).items() if trial.user_attrs["knobs"][k].get("applied")}
+            f"{_acc(TrialRecord.of(trial).val_accuracy):>13} {f'{speed:.2f}x' if speed else '-':>8}")
 
 
 def _confirmed_line(confirmed: dict[str, Any]) -> str:
@@ -129,12 +123,13 @@ def study_summary(study: optuna.Study, url: str) -> str:
     counts = results.outcome_counts(study)
     lines = [f"{study.study_name}: {sum(counts.values())} trials ("
              + ", ".join(f"{n} {k}" for k, n in sorted(counts.items(), key=lambda kv: -kv[1])) + ")"]
-    if base is None or base.user_attrs.get("outcome") != "ok":
+    if base is None or not TrialRecord.of(base).ok:
         lines.append("  no successful baseline trial yet")
         return "\n".join(lines)
-    metric = "to target" if minimize else ("job samples/s" if "effective_samples_per_second" in base.user_attrs
+    b = TrialRecord.of(base)
+    metric = "to target" if minimize else ("job samples/s" if b.effective_samples_per_second is not None
                                            else "samples/s")
-    lines += ["", f"  {'':<9} {'trial':<6} {metric:>11} {'val_accuracy':>13} {'speedup':>8}",
+    lines += ["", f"  {'':<9} {'trial':<6} {metric:>11} {'val_accuracy':>13} {'speedup':>8}   (the search's trials)",
               _row("baseline", base, base, minimize)]
     confirmed = results.confirmation(study)
     if best is not None:
@@ -142,44 +137,47 @@ def study_summary(study: optuna.Study, url: str) -> str:
         if m == "pareto":
             front = results.front(study)
             lines.append(f"  pareto front: {len(front)} trial(s): "
-                         + ", ".join(f"#{t.number} ({rate(results.rate(t))}, {t.user_attrs['val_accuracy']:.3f})"
+                         + ", ".join(f"#{t.number} ({rate(results.rate(t))}, {results.accuracy(t):.3f})"
                                      for t in front))
             for pick in results.PICKS:
                 chosen = results.pick_from_front(front, pick)
                 lines.append(f"    {pick:<17} #{chosen.number}" if chosen else f"    {pick}: -")
-        lines += ["", "  best knobs: " + changed_knobs(_applied(best), results.knob_values(base))]
-        floor = best.user_attrs.get("accuracy_floor")
+        w = TrialRecord.of(best)
+        lines += ["", "  best knobs: " + changed_knobs(w.applied_knobs, b.knob_values)]
+        floor = w.accuracy_floor
         if floor is not None:
-            runs = len(base.user_attrs.get("baseline_accuracies") or [0])
+            runs = len(b.baseline_accuracies or [0])
             how = (f"the baseline's mean over {runs} seeds minus max_accuracy_drop minus their spread" if runs > 1
                    else "baseline minus max_accuracy_drop")
             lines.append(f"  accuracy guard: val_accuracy >= {floor:.3f} ({how})")
-        if "effective_samples_per_second" in best.user_attrs:
-            lines.append(f"  job amortisation: {rate(best.user_attrs['samples_per_second'])} samples/s steady, "
-                         f"{rate(best.user_attrs['effective_samples_per_second'])} over the planned job "
-                         f"(warm-up {best.user_attrs.get('warmup_seconds', 0):.1f} s paid once)")
+        if w.effective_samples_per_second is not None:
+            lines.append(f"  job amortisation: {rate(w.samples_per_second)} samples/s steady, "
+                         f"{rate(w.effective_samples_per_second)} over the planned job "
+                         f"(warm-up {w.warmup_seconds or 0:.1f} s paid once)")
     if confirmed and confirmed.get("winner") is not None:
         lines.append(_confirmed_line(confirmed))
     elif confirmed:
         lines.append("  confirmed: no candidate held up in the confirmation runs; the search's best is shown")
-    pruned = [t for t in results.finished(study) if t.user_attrs.get("outcome") == "pruned"]
+    records = [TrialRecord.of(t) for t in results.finished(study)]
+    pruned = [r for r in records if r.outcome == "pruned"]
     if pruned:
-        saved = sum(t.user_attrs.get("time_saved_seconds", 0) for t in pruned)
+        saved = sum(r.time_saved_seconds or 0 for r in pruned)
         lines.append(f"  pruning: {len(pruned)} trial(s) stopped early, saving about {saved:.0f} s")
     for attr, label, what in BURST_ADVICE:
-        flagged = [t for t in results.finished(study) if t.user_attrs.get(attr)]
+        flagged = [getattr(r, attr) for r in records if getattr(r, attr)]
         if flagged:
-            suggested = max(t.user_attrs[attr]["suggested_train_samples"] for t in flagged)
+            suggested = max(f["suggested_train_samples"] for f in flagged)
             lines.append(f"  {label}: {len(flagged)} trial(s) {what}; train_samples = {suggested} would fix it "
                          f"(a new study: --name)")
-    noisy = [t for t in results.finished(study) if t.user_attrs.get("noisy")]
+    noisy = [r for r in records if r.noisy]
+    kept = StudyRecord.of(study)
     if noisy:
         lines.append(f"  noise: {len(noisy)} trial(s) had window rates varying more than "
-                     f"{100 * study.user_attrs.get('definition', {}).get('confirm', {}).get('noise_cv', 0.05):.0f}%")
-    diagnosis = study.user_attrs.get("diagnosis")
+                     f"{100 * kept.section('confirm').get('noise_cv', 0.05):.0f}%")
+    diagnosis = kept.diagnosis
     if diagnosis and best is not None and diagnosis.get("winner_trial") == best.number:
-        lines.append(diagnosis_line("baseline", diagnosis["baseline"], base.user_attrs.get("samples_per_second")))
-        lines.append(diagnosis_line("winner  ", diagnosis["winner"], best.user_attrs.get("samples_per_second")))
+        lines.append(diagnosis_line("baseline", diagnosis["baseline"], b.samples_per_second))
+        lines.append(diagnosis_line("winner  ", diagnosis["winner"], TrialRecord.of(best).samples_per_second))
     storage_arg = "" if url == DEFAULT_URL else f" --storage '{redact(url)}'"
     lines += [
         "",

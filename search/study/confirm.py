@@ -13,9 +13,11 @@ from typing import Any, Callable, TextIO
 import optuna
 from optuna.trial import FrozenTrial
 
+from knobtune.search.storage import record
+from knobtune.search.storage.record import TrialRecord
 from knobtune.search.story import results
 from knobtune.search.story.progress import rate as fmt
-from knobtune.search.study.objective import Plan, baseline_accuracies, final_floor, measure, objective_values
+from knobtune.search.study.objective import Measurement, Plan, final_floor, measure, objective_values
 
 ProgressLine = Callable[[str], None]
 
@@ -26,7 +28,7 @@ def candidates(study: optuna.Study, top_k: int) -> tuple[list[FrozenTrial], str 
         points = results.front(study)
         picked = [results.pick_from_front(points, p) for p in results.PICKS]
         # the baseline is measured in every round anyway: as a candidate too, it would run twice a round
-        unique = list({t.number: t for t in picked if t is not None and not t.user_attrs.get("is_baseline")}.values())
+        unique = list({t.number: t for t in picked if t is not None and not TrialRecord.of(t).is_baseline}.values())
         return unique, "fastest-feasible"
     feasible = results.feasible(study)
     reverse = results.mode(study) != "time-to-accuracy"
@@ -34,20 +36,18 @@ def candidates(study: optuna.Study, top_k: int) -> tuple[list[FrozenTrial], str 
     seen, out = set(), []
     for t in ranked:
         key = tuple(sorted(t.params.items()))
-        if key not in seen and not t.user_attrs.get("is_baseline"):
+        if key not in seen and not TrialRecord.of(t).is_baseline:
             seen.add(key)
             out.append(t)
     return out[:top_k], None
 
 
-def _score(plan: Plan, attrs: dict[str, Any], base_acc: list[float] | None) -> tuple[float | None, bool]:
+def _score(plan: Plan, measured: Measurement, base_acc: list[float] | None) -> tuple[float | None, bool]:
     """A confirmation run's objective number (samples/s, effective samples/s or seconds to
     target) and whether it passed the guard."""
-    if attrs.get("outcome") != "ok" or (attrs.get("val_accuracy") is None and plan.definition.guard.accuracy):
+    if measured.outcome != "ok" or (measured.val_accuracy is None and plan.definition.guard.accuracy):
         return None, False
-    from knobtune.search.study.objective import Measurement
-
-    values, constraint, _ = objective_values(Measurement("ok", dict(attrs)), plan.definition, base_acc)
+    values, constraint, _ = objective_values(measured, plan.definition, base_acc)
     return values[0], constraint <= 0
 
 
@@ -90,13 +90,13 @@ def confirm(study: optuna.Study, plan: Plan, err: TextIO) -> dict[str, Any] | No
     base = results.baseline(study)
     if not chosen or base is None or cfg.top_k == 0:
         return None
-    noisy = any(t.user_attrs.get("noisy") for t in [*chosen, base])
+    noisy = any(TrialRecord.of(t).noisy for t in [*chosen, base])
     repeats = cfg.noisy_repeats if noisy else cfg.repeats
     lineup = [*chosen, base]
     minimize = results.mode(study) == "time-to-accuracy"
     err.write(f"knobtune: confirming {len(chosen)} candidate(s) and the baseline, {repeats} interleaved rounds"
               f"{' (more rounds: some trials were noisy)' if noisy else ''} ...\n")
-    base_acc = baseline_accuracies(base.user_attrs)
+    base_acc = TrialRecord.of(base).measured_accuracies
     runs: dict[str, list[dict[str, Any]]] = {str(t.number): [] for t in lineup}
     order: list[int] = []
     # Each round trains everyone with a fresh seed (the same seed within a round, so the pairing is
@@ -107,15 +107,14 @@ def confirm(study: optuna.Study, plan: Plan, err: TextIO) -> dict[str, Any] | No
         for t in lineup:
             resolved = plan.space.resolve(t.params, plan.offer, plan.ctx)
             report = measure(plan, resolved, is_baseline=t is base, seed_offset=first_seed + r)
-            score, ok = _score(plan, report.attrs, None if t is base else base_acc)
+            score, ok = _score(plan, report, None if t is base else base_acc)
             runs[str(t.number)].append({
                 "round": r, "seed_offset": first_seed + r, "value": score, "passed": ok, "outcome": report.outcome,
-                "samples_per_second": report.attrs.get("samples_per_second"),
-                "val_accuracy": report.attrs.get("val_accuracy"),
-                "knobs": {k: v["value"] for k, v in report.attrs.get("knobs", {}).items() if v.get("applied")},
+                "samples_per_second": report.samples_per_second, "val_accuracy": report.val_accuracy,
+                "knobs": report.record.applied_knobs,
             })
             order.append(t.number)
-            value = report.attrs.get("samples_per_second") if report.outcome == "ok" else None
+            value = report.samples_per_second if report.outcome == "ok" else None
             shown.append(f"{'baseline' if t is base else f'#{t.number}'} {fmt(value) if value else report.outcome}")
         err.write(f"  round {r + 1}/{repeats}: " + "   ".join(shown) + "\n")
     # The final verdict on accuracy: each candidate's mean accuracy over its rounds (each a fresh
@@ -136,7 +135,7 @@ def confirm(study: optuna.Study, plan: Plan, err: TextIO) -> dict[str, Any] | No
         else:
             passed = number == str(base.number) or (accuracies[number] is not None and accuracies[number] >= floor)
         medians[number] = statistics.median(values) if values and passed else None
-    record: dict[str, Any] = {"after_trials": len(results.finished(study)), "repeats": repeats, "noisy": noisy,
+    confirmed: dict[str, Any] = {"after_trials": len(results.finished(study)), "repeats": repeats, "noisy": noisy,
                               "order": order, "runs": runs, "medians": medians, "baseline": base.number,
                               "pick": pick, "minimize": minimize, "winner": None,
                               "mean_accuracies": accuracies, "accuracy_floor": floor,
@@ -145,16 +144,16 @@ def confirm(study: optuna.Study, plan: Plan, err: TextIO) -> dict[str, Any] | No
         challengers = [t for t in chosen if medians[str(t.number)] is not None]
         winner, paired = choose_winner(runs, base.number, [t.number for t in challengers], minimize, cfg.min_speedup)
         searched = results.searched_best(study)
-        record.update(winner=winner, searched_winner=searched.number if searched else None, paired=paired)
+        confirmed.update(winner=winner, searched_winner=searched.number if searched else None, paired=paired)
         if winner != base.number:
-            record.update({k: paired[str(winner)][k] for k in ("speedup", "speedup_range")})
+            confirmed.update({k: paired[str(winner)][k] for k in ("speedup", "speedup_range")})
         elif paired:  # say how close the best candidate came
             closest = max(paired, key=lambda n: paired[n]["speedup"] or 0.0)
-            record["runner_up"] = {"trial": int(closest), **paired[closest]}
+            confirmed["runner_up"] = {"trial": int(closest), **paired[closest]}
     else:  # the baseline failed its rounds: nothing to pair with; the best median among the rest
         contenders = [t for t in chosen if medians[str(t.number)] is not None]
         if contenders:
             best_of = min if minimize else max
-            record["winner"] = best_of(contenders, key=lambda t: medians[str(t.number)]).number
-    study.set_user_attr("confirmed", record)
-    return record
+            confirmed["winner"] = best_of(contenders, key=lambda t: medians[str(t.number)]).number
+    record.mark_study(study, confirmed=confirmed)
+    return confirmed

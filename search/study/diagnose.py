@@ -11,6 +11,7 @@ from typing import Any, TextIO
 import optuna
 
 from knobtune.search.launch.runner import run_child
+from knobtune.search.storage.record import mark_study
 from knobtune.search.study.objective import Plan
 
 
@@ -38,5 +39,5 @@ def diagnose_study(study: optuna.Study | None, plan: Plan, baseline_params: dict
         record["winner"] = ceilings(plan, dict(winner.params))
         record["winner_trial"] = winner.number
     if study is not None:
-        study.set_user_attr("diagnosis", record)
+        mark_study(study, diagnosis=record)
     return record

@@ -26,8 +26,9 @@ from optuna.trial import FrozenTrial, TrialState
 from knobtune.search.errors import RunError
 from knobtune.search.launch import partition
 from knobtune.search.launch.partition import Partition
-from knobtune.search.storage import artifacts, workers
+from knobtune.search.storage import artifacts, record, workers
 from knobtune.search.storage.lease import Lease
+from knobtune.search.storage.record import StudyRecord, TrialRecord
 from knobtune.search.storage.workers import Sharing
 from knobtune.search.story import findings, notes, results
 from knobtune.search.story.progress import Progress
@@ -36,7 +37,6 @@ from knobtune.search.study import warmstart
 from knobtune.search.study.objective import (
     Measurement,
     Plan,
-    baseline_accuracies,
     duplicate_of,
     measure,
     measure_baseline,
@@ -62,23 +62,21 @@ def enqueue_baseline(study: optuna.Study, plan: Plan) -> None:
     """
     base = results.baseline(study)
     queued = study.get_trials(deepcopy=False, states=[TrialState.WAITING, TrialState.RUNNING])
-    if (base is None or base.user_attrs.get("outcome") != "ok") and not any(
-        t.user_attrs.get("is_baseline") for t in queued
-    ):
+    if (base is None or not TrialRecord.of(base).ok) and not any(TrialRecord.of(t).is_baseline for t in queued):
         params = plan.space.baseline_params(plan.offer, plan.ctx, plan.definition.baseline)
-        study.enqueue_trial(params, user_attrs={"is_baseline": True, "source": "baseline"})
+        study.enqueue_trial(params, user_attrs=record.queued(is_baseline=True, source="baseline"))
 
 
 def enqueue_advice(study: optuna.Study, plan: Plan) -> None:
     """Once per study, after its baseline succeeded: the seeds' advice applied by hand."""
-    if study.user_attrs.get("advice_enqueued") or plan.definition.study.sampler != "tpe":
+    if StudyRecord.of(study).advice_enqueued or plan.definition.study.sampler != "tpe":
         return  # sampler = "random" is plain random search: no expert start
     baseline = plan.space.baseline_params(plan.offer, plan.ctx, plan.definition.baseline)
     advice = plan.space.advice_params(plan.offer, plan.ctx, plan.definition.baseline)
     if advice != baseline and advice not in results.configurations(study):  # (a warm start may have queued it)
         # (queued first: a lost connection between the two is retried whole)
-        study.enqueue_trial(advice, user_attrs={"source": "advice"})
-    study.set_user_attr("advice_enqueued", True)
+        study.enqueue_trial(advice, user_attrs=record.queued(source="advice"))
+    record.mark_study(study, advice_enqueued=True)
 
 
 def unmeasured(study: optuna.Study, plan: Plan, rng: random.Random,
@@ -133,7 +131,7 @@ def fail_trial(study: optuna.Study, trial: optuna.Trial, reason: str, shared: bo
     """Tell ``trial`` FAIL with ``reason`` (nothing when it was told already; nor, on a ``shared``
     study, when the database is away: then its heartbeat stops and another worker fails it)."""
     try:
-        trial.set_user_attr("failure", reason)
+        record.mark(trial, failure=reason)
         study.tell(trial, state=TrialState.FAIL)
     except (RuntimeError, ValueError, optuna.exceptions.UpdateFinishedTrialError):  # already told
         pass
@@ -214,7 +212,7 @@ class Search:
 
     def _baseline_ok(self) -> bool:
         base = results.baseline(self.study)
-        return base is not None and base.user_attrs.get("outcome") == "ok"
+        return base is not None and TrialRecord.of(base).ok
 
     def _running_numbers(self) -> set[int]:
         """The trials being measured: this run's; on a shared study, every worker's (a dead
@@ -240,11 +238,11 @@ class Search:
         """Shared study, nothing running, no good baseline: make sure one is queued (a worker was
         stopped while measuring it), or stop when it was measured and failed."""
         queued = self.study.get_trials(deepcopy=False, states=(TrialState.WAITING,))
-        if any(t.user_attrs.get("is_baseline") for t in queued):
+        if any(TrialRecord.of(t).is_baseline for t in queued):
             return
         base = results.baseline(self.study)
         if base is not None:
-            raise RunError(f"the baseline trial #{base.number} did not succeed ({base.user_attrs.get('outcome')}); "
+            raise RunError(f"the baseline trial #{base.number} did not succeed ({TrialRecord.of(base).outcome}); "
                            f"every other trial is judged against it, so this worker stops (a new run re-measures it)")
         enqueue_baseline(self.study, self.plan)
 
@@ -318,9 +316,9 @@ class Search:
             host, cores = workers.host_of(self.worker), set(self.cores)
             # (trials started since this worker did: a dead worker's leftover trial is not a neighbour)
             near = sorted({w for t in self.study.get_trials(deepcopy=False, states=(TrialState.RUNNING,))
-                           if isinstance(w := t.user_attrs.get("worker"), str) and w != self.worker
+                           if isinstance(w := (r := TrialRecord.of(t)).worker, str) and w != self.worker
                            and t.datetime_start is not None and t.datetime_start > self.started
-                           and workers.host_of(w) == host and cores & set(t.user_attrs.get("worker_cores") or cores)})
+                           and workers.host_of(w) == host and cores & set(r.worker_cores or cores)})
             if near:
                 self.neighbour_said = True
                 self.err.write(f"warning: another worker of this study runs on this machine's cores "
@@ -343,18 +341,16 @@ class Search:
             trial = self.pending = study.ask()
             if self.shared is not None:  # first: a trial never stays RUNNING without a heartbeat row
                 self.beats.add(trial._trial_id)
-                trial.set_user_attr("worker", self.worker)
-                trial.set_user_attr("worker_cores", self.cores)
+                record.mark(trial, worker=self.worker, worker_cores=self.cores)
             # (under the lease: the next worker's sampler and duplicate check see these params)
             resolved = suggest(plan, trial)
-        is_baseline = bool(trial.user_attrs.get("is_baseline"))
+        is_baseline = TrialRecord.of(trial).is_baseline
         # (a baseline queued again after it in fact succeeded is a duplicate too)
         twin = None if is_baseline and not self._baseline_ok() else duplicate_of(study, trial, self._running_numbers())
         if twin is not None:
             # TPE converges on its favourite configuration; measuring it again teaches nothing.
             # Skip it (uncounted) and explore an unmeasured configuration next.
-            trial.set_user_attr("duplicate_of", twin)
-            trial.set_user_attr("failure", f"skipped: same knobs as trial #{twin}")
+            record.mark(trial, duplicate_of=twin, failure=f"skipped: same knobs as trial #{twin}")
             study.tell(trial, state=TrialState.FAIL)
             self._forget(trial)
             fresh = unmeasured(study, plan, self.rng, self._running_numbers())
@@ -363,17 +359,15 @@ class Search:
                     self.err.write("knobtune: every configuration of the space has been measured; stopping\n")
                     return "exhausted"
                 return "wait"
-            study.enqueue_trial(fresh, user_attrs={"source": "explore"})
+            study.enqueue_trial(fresh, user_attrs=record.queued(source="explore"))
             return "skipped"
-        if is_baseline:
-            trial.set_user_attr("role", findings.ROLE_BASELINE)
-        else:
-            trial.set_user_attr("is_baseline", False)
-        if "source" not in trial.user_attrs:
-            trial.set_user_attr("source", plan.definition.study.sampler)
+        marks: dict[str, Any] = {"role": findings.ROLE_BASELINE} if is_baseline else {"is_baseline": False}
+        if TrialRecord.of(trial).source is None:
+            marks["source"] = plan.definition.study.sampler
         slot = self.free[0]
         if slot is not None:
-            trial.set_user_attr("partition", slot.describe())
+            marks["partition"] = slot.describe()
+        record.mark(trial, **marks)
         watch = None if is_baseline else prune_rule(plan, study)
         # (the storage calls above may be retried: take the slots only now; a baseline, which runs
         # alone, measures its several runs side by side on every free share)
@@ -436,7 +430,7 @@ class Search:
         if state == TrialState.RUNNING:
             try:
                 if running.kept is not None:
-                    artifacts.attach(study, trial, running.kept, measured.attrs, self.artifact_store)
+                    artifacts.attach(study, trial, running.kept, measured.record.window_rates, self.artifact_store)
                 self._tell(running, measured)
             except BaseException as exc:
                 if self.shared is not None and workers.is_connection_error(exc):
@@ -451,35 +445,36 @@ class Search:
         self.progress.best = best_label(study)
         base = results.baseline(study)
         base_knobs = results.knob_values(base) if base else None
-        self.progress.finished(trial_line(finished.number, finished.user_attrs, self.progress.best, base_knobs),
+        self.progress.finished(trial_line(finished.number, TrialRecord.of(finished), self.progress.best, base_knobs),
                                finished.number)
         notes.publish_safely(study, self.url, f"after trial #{finished.number}", self.err)
         for attr, note in BURST_NOTES.items():  # once per run: the burst is too short for this
-            if finished.user_attrs.get(attr) and attr not in self.noted:
+            said = getattr(TrialRecord.of(finished), attr)
+            if said and attr not in self.noted:
                 self.noted.add(attr)
-                self.err.write(note(finished.number, finished.user_attrs[attr]) + "\n")
+                self.err.write(note(finished.number, said) + "\n")
         if is_baseline and measured.outcome == "ok":
-            self.plan = stop_searching_unexercised(self.plan, measured.attrs.get("not_exercised"), self.err)
+            self.plan = stop_searching_unexercised(self.plan, measured.record.not_exercised, self.err)
             self._queue_first(advice=True)
         if is_baseline and measured.outcome != "ok":
             raise RunError(
                 f"the baseline trial #{finished.number} did not succeed ({measured.outcome}: "
-                f"{(measured.attrs.get('failure') or '').splitlines()[0] if measured.attrs.get('failure') else ''}); "
+                f"{(measured.record.failure or '').splitlines()[0] if measured.record.failure else ''}); "
                 f"every other trial is judged against it, so the study stops here"
             )
 
     def _tell(self, running: Running, measured: Measurement) -> None:
         study, trial, is_baseline = self.study, running.trial, running.is_baseline
         base = results.baseline(study)
-        base_ok = base is not None and base.user_attrs.get("outcome") == "ok"
-        base_acc = baseline_accuracies(base.user_attrs) if base_ok and not is_baseline else None
+        base_ok = base is not None and TrialRecord.of(base).ok
+        base_acc = TrialRecord.of(base).measured_accuracies if base_ok and not is_baseline else None
         if not is_baseline and not base_ok:
             raise RunError("no successful baseline trial to compare with; run again to re-measure it")
         if measured.outcome == "pruned":
-            full = [t.user_attrs["trial_seconds"] for t in results.feasible(study)]
+            full = [TrialRecord.of(t).trial_seconds or 0.0 for t in results.feasible(study)]
             if full:
-                measured.attrs["time_saved_seconds"] = round(max(0.0, sum(full) / len(full)
-                                                               - measured.attrs["trial_seconds"]), 2)
+                measured = measured.but(time_saved_seconds=round(max(0.0, sum(full) / len(full)
+                                                                     - (measured.record.trial_seconds or 0.0)), 2))
         tell(study, trial, measured, self.plan.definition, base_acc)
 
     # -- stopping --------------------------------------------------------------------------------

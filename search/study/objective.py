@@ -17,6 +17,8 @@ from optuna.trial import TrialState
 
 from knobtune.search.launch.partition import Partition
 from knobtune.search.launch.runner import ChildResult, run_child
+from knobtune.search.storage import record
+from knobtune.search.storage.record import TrialRecord
 from knobtune.search.story import results
 from knobtune.search.study.definition import Definition
 from knobtune.spaces.knobs import Context, Offer, Resolved, Space
@@ -79,20 +81,26 @@ class Plan:
         return request
 
 
-@dataclass
+@dataclass(frozen=True)
 class Measurement:
-    """What one trial measured: its outcome and the user attributes it is stored with."""
+    """What one trial measured: the record it is stored with."""
 
-    outcome: str
-    attrs: dict[str, Any]
+    record: TrialRecord
+
+    @property
+    def outcome(self) -> str:
+        return self.record.outcome or "crash"
 
     @property
     def samples_per_second(self) -> float | None:
-        return self.attrs.get("samples_per_second")
+        return self.record.samples_per_second
 
     @property
     def val_accuracy(self) -> float | None:
-        return self.attrs.get("val_accuracy")
+        return self.record.val_accuracy
+
+    def but(self, **changes: Any) -> Measurement:
+        return Measurement(self.record.but(**changes))
 
 
 def knob_attrs(resolved: dict[str, Resolved], effective: dict[str, Any],
@@ -135,7 +143,7 @@ def measurement_from_child(child: ChildResult, resolved: dict[str, Resolved], is
         attrs["output_tail"] = child.output_tail  # for the trial's note: what it printed last
     if outcome == "ok" and "samples_per_second" not in attrs:
         attrs.update(outcome="crash", failure="the child reported no measured window")
-    return Measurement(attrs["outcome"], attrs)
+    return Measurement(TrialRecord.from_attrs(attrs))
 
 
 def measure_baseline(plan: Plan, resolved: dict[str, Resolved], tick: Callable[[float], None] | None = None,
@@ -162,16 +170,14 @@ def measure_baseline(plan: Plan, resolved: dict[str, Resolved], tick: Callable[[
     if runs < 2:
         return measured
     ok = [r for r in measurements if r.outcome == "ok" and r.val_accuracy is not None]
-    measured.attrs["baseline_runs"] = [{"seed_offset": i, "outcome": r.outcome, "val_accuracy": r.val_accuracy,
-                                      "samples_per_second": r.samples_per_second,
-                                      "placement": r.attrs.get("placement")}
-                                     for i, r in enumerate(measurements)]
-    measured.attrs["baseline_accuracies"] = [r.val_accuracy for r in ok]
-    measured.attrs["val_accuracy"] = statistics.fmean(r.val_accuracy for r in ok)  # type: ignore[misc]
     rates = [r.samples_per_second for r in ok if r.samples_per_second]
-    if rates:
-        measured.attrs["samples_per_second"] = statistics.median(rates)
-    return measured
+    return measured.but(
+        baseline_runs=[{"seed_offset": i, "outcome": r.outcome, "val_accuracy": r.val_accuracy,
+                        "samples_per_second": r.samples_per_second, "placement": r.record.placement}
+                       for i, r in enumerate(measurements)],
+        baseline_accuracies=[r.val_accuracy for r in ok],
+        val_accuracy=statistics.fmean(r.val_accuracy for r in ok),  # type: ignore[misc]
+        samples_per_second=statistics.median(rates) if rates else measured.samples_per_second)
 
 
 def without_unexercised(plan: Plan, not_exercised: dict[str, str] | None) -> Plan:
@@ -235,7 +241,7 @@ def prune_rule(plan: Plan, study: optuna.Study) -> Callable[[list[dict[str, Any]
             return None
 
         return too_slow_to_target
-    best_rate = best.user_attrs["samples_per_second"]
+    best_rate = TrialRecord.of(best).samples_per_second
     need = max(2, windows // 2)
 
     def too_slow(segments: list[dict[str, Any]]) -> str | None:
@@ -280,86 +286,74 @@ def final_floor(baseline_accuracies: list[float], max_drop: float) -> float:
     return round(statistics.fmean(baseline_accuracies) - max_drop, 6)
 
 
-def baseline_accuracies(attrs: dict[str, Any]) -> list[float]:
-    """Every held-out accuracy measured for a baseline trial (its runs with different seeds); none
-    when the study's accuracy guard is off and the job reported none."""
-    if attrs.get("baseline_accuracies"):
-        return list(attrs["baseline_accuracies"])
-    return [attrs["val_accuracy"]] if attrs.get("val_accuracy") is not None else []
-
-
 def objective_values(measured: Measurement, definition: Definition, base_accuracies: list[float] | None
                      ) -> tuple[list[float], float, dict[str, Any]]:
-    """An ok trial's values (one per study direction), its accuracy constraint, extra attributes.
-    ``base_accuracies`` are the baseline's accuracies (None: this trial is the baseline)."""
-    cfg, a = definition.study, measured.attrs
+    """An ok trial's values (one per study direction), its accuracy constraint, extra fields of
+    its record. ``base_accuracies`` are the baseline's accuracies (None: this trial is the baseline)."""
+    cfg, a = definition.study, measured.record
     extra: dict[str, Any] = {}
+    rate = a.samples_per_second
     if cfg.job_samples:
-        extra["effective_samples_per_second"] = results.effective_rate(
-            a["samples_per_second"], a.get("warmup_seconds", 0.0), cfg.job_samples)
-    rate = extra.get("effective_samples_per_second", a["samples_per_second"])
+        rate = extra["effective_samples_per_second"] = results.effective_rate(
+            a.samples_per_second, a.warmup_seconds or 0.0, cfg.job_samples)  # type: ignore[arg-type]
     if cfg.objective == "time-to-accuracy":
-        reached = [e["accuracy"] for e in a.get("evaluations", [])] + [a["val_accuracy"]]
-        extra["accuracy_reached"] = max(reached)
+        reached = [e["accuracy"] for e in a.evaluations or []] + [a.val_accuracy]
+        extra["accuracy_reached"] = max(reached)  # type: ignore[type-var]
         constraint = round(cfg.target_accuracy - extra["accuracy_reached"], 6)
-        if a.get("target_reached"):
+        if a.target_reached:
             constraint = min(constraint, 0.0)
         # Not reached: the training time it spent without reaching the target (a real measurement).
-        seconds = a["time_to_accuracy"] if a.get("target_reached") else a.get("burst_seconds", 0.0)
-        return [seconds], constraint, extra
+        seconds = a.time_to_accuracy if a.target_reached else (a.burst_seconds or 0.0)
+        return [seconds], constraint, extra  # type: ignore[list-item]
     if not definition.guard.accuracy:  # [guard] accuracy = false: throughput alone
-        return [rate], 0.0, extra
-    reference = baseline_accuracies(a) if base_accuracies is None else base_accuracies
+        return [rate], 0.0, extra  # type: ignore[list-item]
+    reference = a.measured_accuracies if base_accuracies is None else base_accuracies
     floor = accuracy_floor(reference, definition.guard.max_accuracy_drop)
     extra["accuracy_floor"] = floor
-    constraint = round(floor - a["val_accuracy"], 6)
-    values = [rate, a["val_accuracy"]] if cfg.objective == "pareto" else [rate]
-    return values, constraint, extra
+    constraint = round(floor - a.val_accuracy, 6)  # type: ignore[operator]
+    values = [rate, a.val_accuracy] if cfg.objective == "pareto" else [rate]
+    return values, constraint, extra  # type: ignore[return-value]
 
 
-def memory_constraint(attrs: dict[str, Any], definition: Definition) -> float | None:
+def memory_constraint(record: TrialRecord, definition: Definition) -> float | None:
     """How far the trial's peak memory passes ``[guard] max_memory_fraction`` of what it may use
     (the GPU's memory; on a CPU the host memory the child could grow into): > 0 is infeasible,
     since production would have less headroom than asked for. None where either is unknown."""
-    peak, limit = attrs.get("peak_memory_mb"), attrs.get("memory_limit_mb")
+    peak, limit = record.peak_memory_mb, record.memory_limit_mb
     if not peak or not limit:
         return None
     return round(peak / limit - definition.guard.max_memory_fraction, 6)
 
 
 def tell(study: optuna.Study, trial: optuna.Trial, measured: Measurement, definition: Definition,
-         base_accuracies: list[float] | None) -> None:
-    """Store the attributes and tell Optuna the values, constraints and state."""
-    cv = measured.attrs.get("samples_per_second_cv")
-    if cv is not None:
+         base_accuracies: list[float] | None) -> TrialRecord:
+    """Store the trial's record and tell Optuna its values, constraints and state; returns the record."""
+    rec = measured.record
+    if rec.samples_per_second_cv is not None:
         # a read-ahead the burst had no room to train through also makes the windows unreliable
-        measured.attrs["noisy"] = cv > definition.confirm.noise_cv or "unsettled" in measured.attrs
+        rec = rec.but(noisy=rec.samples_per_second_cv > definition.confirm.noise_cv or rec.unsettled is not None)
     if measured.outcome == "pruned":
-        for key, value in measured.attrs.items():
-            trial.set_user_attr(key, value)
-        trial.set_user_attr("feasible", False)
+        record.write(trial, rec := rec.but(feasible=False))
         if len(study.directions) == 1:
-            for step, rate in enumerate(measured.attrs.get("window_rates", [])):
+            for step, rate in enumerate(rec.window_rates or []):
                 trial.report(rate, step)
         study.tell(trial, state=TrialState.PRUNED)
-        return
-    if measured.outcome == "ok" and (measured.val_accuracy is not None or not definition.guard.accuracy):
-        values, constraint, extra = objective_values(measured, definition, base_accuracies)
-        memory = memory_constraint(measured.attrs, definition)
+        return rec
+    if measured.outcome == "ok" and (rec.val_accuracy is not None or not definition.guard.accuracy):
+        values, constraint, extra = objective_values(Measurement(rec), definition, base_accuracies)
+        memory = memory_constraint(rec, definition)
         if memory is not None:
-            extra["memory_fraction"] = round(measured.attrs["peak_memory_mb"] / measured.attrs["memory_limit_mb"], 4)
-        measured.attrs.update(extra, feasible=constraint <= 0 and (memory is None or memory <= 0))
-        for key, value in measured.attrs.items():
-            trial.set_user_attr(key, value)
+            extra["memory_fraction"] = round(rec.peak_memory_mb / rec.memory_limit_mb, 4)  # type: ignore[operator]
+        rec = rec.but(**extra, feasible=constraint <= 0 and (memory is None or memory <= 0))
+        record.write(trial, rec)
         trial.set_constraint("accuracy", constraint)
         if memory is not None:
             trial.set_constraint("memory", memory)
         trial.set_constraint("outcome", 0.0)
         study.tell(trial, values)
-    else:
-        measured.attrs["feasible"] = False
-        for key, value in measured.attrs.items():
-            trial.set_user_attr(key, value)
-        trial.set_constraint("accuracy", 1.0)
-        trial.set_constraint("outcome", 1.0)
-        study.tell(trial, state=TrialState.PRUNED)
+        return rec
+    record.write(trial, rec := rec.but(feasible=False))
+    trial.set_constraint("accuracy", 1.0)
+    trial.set_constraint("outcome", 1.0)
+    study.tell(trial, state=TrialState.PRUNED)
+    return rec

@@ -17,9 +17,10 @@ from knobtune.search.errors import RunError, UserError
 from knobtune.search.launch import partition
 from knobtune.search.launch.partition import Partition
 from knobtune.search.launch.probe import probe_study
-from knobtune.search.storage import artifacts, runlock, workers
+from knobtune.search.storage import artifacts, record, runlock, workers
 from knobtune.search.storage.database import is_sqlite, open_storage, redact, resolve_url
 from knobtune.search.storage.lease import Lease
+from knobtune.search.storage.record import StudyRecord, TrialRecord
 from knobtune.search.storage.workers import Sharing
 from knobtune.search.story import notes, results
 from knobtune.search.story.progress import Progress
@@ -78,23 +79,22 @@ def load_or_create(storage: Any, name: str, definition: Definition, fingerprint:
         except optuna.exceptions.DuplicatedStudyError:  # another worker created it just now
             return load_or_create(storage, name, definition, fingerprint, sampler)
         return load_or_create(storage, name, definition, fingerprint, sampler)  # (its attributes, below)
-    attrs = study.user_attrs
-    if not attrs and not study.trials:  # created, then the process died (or lost the database) at once
-        for key, value in (("definition", definition.as_dict()), ("measurement", definition.measurement_key()),
-                           ("fingerprint", fingerprint), ("knobtune_version", __version__)):
-            study.set_user_attr(key, value)
+    kept = StudyRecord.of(study)
+    if not study.user_attrs and not study.trials:  # created, then the process died (or lost the database) at once
+        record.mark_study(study, definition=definition.as_dict(), measurement=definition.measurement_key(),
+                          fingerprint=fingerprint, knobtune_version=__version__)
         return study, True
-    if "measurement" not in attrs:
+    if kept.measurement is None:
         raise UserError(f"study {name!r} exists in this storage but was not made by knobtune; pick another --name")
-    diffs = _differences(attrs["measurement"], definition.measurement_key())
+    diffs = _differences(kept.measurement, definition.measurement_key())
     if diffs:
         raise UserError(
             f"study {name!r} exists with a different definition ({'; '.join(diffs[:3])}); its trials would not "
             f"compare with new ones: use --name for a new study"
         )
-    diffs = _differences(_hardware(attrs.get("fingerprint", {})), _hardware(fingerprint))
+    diffs = _differences(_hardware(kept.fingerprint), _hardware(fingerprint))
     if diffs:
-        share = attrs.get("partition") or {"jobs": 1}
+        share = kept.partition or {"jobs": 1}
         hint = (f"; its trials ran with --jobs {share['jobs']} ({share.get('share', 'the whole machine')}): pass the "
                 f"same --jobs to resume it" if any(d.startswith(("usable_cores", "gpus")) for d in diffs) else "")
         raise UserError(
@@ -254,7 +254,7 @@ class _StudyRun:
         with held:
             study, created = load_or_create(self.storage, self.name, self.definition, fingerprint, sampler)
             if created:
-                study.set_user_attr("partition", _share(slots))
+                record.mark_study(study, partition=_share(slots))
             if not created and shared is None:
                 stale = _fail_stale(study)
                 if stale:
@@ -284,8 +284,8 @@ class _StudyRun:
         sampler = make_sampler(definition, target, len(slots) > 1 or shared is not None, seed)
         study, created = self._retrying(lambda: self._open(plan, fingerprint, sampler, slots))
         measured_base = results.baseline(study)
-        if measured_base is not None and measured_base.user_attrs.get("outcome") == "ok":  # resuming
-            plan = loop.stop_searching_unexercised(plan, measured_base.user_attrs.get("not_exercised"), None)
+        if measured_base is not None and (base_record := TrialRecord.of(measured_base)).ok:  # resuming
+            plan = loop.stop_searching_unexercised(plan, base_record.not_exercised, None)
         done = len(results.finished(study))
         verb = "joining" if shared else "resuming"
         wl = info["workload"]
@@ -361,7 +361,7 @@ def _confirm_and_diagnose(study: optuna.Study, plan: Plan, err: TextIO, confirm_
         notes.publish(study, url, "after the confirmation")
         did = True
     winner = results.best(study)
-    done = study.user_attrs.get("diagnosis", {})
+    done = StudyRecord.of(study).diagnosis or {}
     if diagnose and winner is not None and done.get("winner_trial") != winner.number:
         baseline_params = plan.space.baseline_params(plan.offer, plan.ctx, plan.definition.baseline)
         diagnose_study(study, plan, baseline_params, winner, err)

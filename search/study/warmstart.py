@@ -16,6 +16,8 @@ import optuna
 from optuna.trial import FrozenTrial
 
 from knobtune.search.errors import UserError
+from knobtune.search.storage import record
+from knobtune.search.storage.record import StudyRecord, TrialRecord
 from knobtune.search.story import results
 from knobtune.search.story.export import study_names
 from knobtune.search.study.definition import Definition
@@ -42,7 +44,7 @@ def used_sources(storage: Any, name: str) -> list[str]:
         study_id = storage.get_study_id_from_name(name)
     except KeyError:
         return []
-    return list(storage.get_study_user_attrs(study_id).get(ATTR, {}).get("sources", []))
+    return list((StudyRecord.from_attrs(storage.get_study_user_attrs(study_id)).warm_start or {}).get("sources", []))
 
 
 def candidates(storage: Any, name: str, definition: Definition) -> list[Candidate]:
@@ -65,7 +67,7 @@ def _source(storage: Any, source: str, name: str, framework: str) -> optuna.Stud
         others = ", ".join(n for n in names if n != name) or "none"
         raise UserError(f"{where}: no such study in this storage; expected one of its studies: {others}")
     study = optuna.load_study(study_name=source, storage=storage)
-    theirs = study.user_attrs.get("definition", {}).get("study", {}).get("framework")
+    theirs = StudyRecord.of(study).framework
     if theirs is None:
         raise UserError(f"{where}: it was not made by knobtune (no study definition); expected a knobtune study")
     if theirs != framework:
@@ -94,8 +96,7 @@ def _ranked(study: optuna.Study) -> list[Candidate]:
 
 def _values(trial: FrozenTrial) -> dict[str, Any]:
     """What the trial ran with: its applied knobs' values, its requested params over them."""
-    applied = {k: e["value"] for k, e in trial.user_attrs.get("knobs", {}).items() if e.get("applied")}
-    return {**applied, **trial.params}
+    return {**TrialRecord.of(trial).applied_knobs, **trial.params}
 
 
 def nearest(value: Any, choices: list[Any]) -> Any | None:
@@ -135,9 +136,9 @@ def enqueue(study: optuna.Study, plan: Plan, found: list[Candidate], err: TextIO
     """Queue ``found`` (clipped, deduplicated) and record their sources; the number queued. Once
     the study's baseline has succeeded (it goes first); a recorded source is never queued again."""
     base = results.baseline(study)
-    used = study.user_attrs.get(ATTR, {}).get("sources", [])
+    used = (StudyRecord.of(study).warm_start or {}).get("sources", [])
     fresh = [c for c in found if c.study not in used]
-    if not fresh or base is None or base.user_attrs.get("outcome") != "ok":
+    if not fresh or base is None or not TrialRecord.of(base).ok:
         return 0
     known, queued = results.configurations(study), 0
     for c in fresh:
@@ -148,10 +149,10 @@ def enqueue(study: optuna.Study, plan: Plan, found: list[Candidate], err: TextIO
         origin: dict[str, Any] = {"study": c.study, "trial": c.trial, "role": c.role}
         if changed:
             origin["clipped"] = changed
-        study.enqueue_trial(params, user_attrs={"source": SOURCE, "warm_start_from": origin})
+        study.enqueue_trial(params, user_attrs=record.queued(source=SOURCE, warm_start_from=origin))
         queued += 1
     sources = list(dict.fromkeys([*used, *(c.study for c in fresh)]))
-    study.set_user_attr(ATTR, {"sources": sources})
+    record.mark_study(study, warm_start={"sources": sources})
     err.write(f"knobtune: warm start: {queued} configuration(s) queued from {', '.join(dict.fromkeys(c.study for c in fresh))} "
               f"({len(fresh) - queued} duplicate(s) dropped)\n")
     return queued

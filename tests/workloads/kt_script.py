@@ -12,11 +12,12 @@ import torch
 from torch import nn
 from torch.utils.data import Dataset
 
-from kt_test_workloads import DictDigits
-from knobtune.trainers.common import digits
 from knobtune.pytorch import Tuned
+from knobtune.trainers.common import digits
 from knobtune.trainers.pytorch.data import PngDigits
 from knobtune.trainers.pytorch.models import mlp
+
+from kt_test_workloads import DictDigits
 
 
 def main() -> None:

@@ -11,8 +11,8 @@ import torch
 from torch import nn
 from torch.utils.data import Dataset
 
-from knobtune.trainers.common import digits
 from knobtune.pytorch import Workload
+from knobtune.trainers.common import digits
 from knobtune.trainers.pytorch.data import PngDigits
 from knobtune.trainers.pytorch.models import mlp
 

@@ -13,9 +13,9 @@ import keras
 import numpy as np
 import tensorflow as tf
 
+from knobtune.tensorflow import Tuned
 from knobtune.trainers.common import digits
 from knobtune.trainers.common.paths import cache_dir
-from knobtune.tensorflow import Tuned
 from knobtune.trainers.tensorflow.builtin import _eval_arrays
 from knobtune.trainers.tensorflow.data import parse_png, random_affine, write_shards
 from knobtune.trainers.tensorflow.models import mlp

@@ -6,9 +6,9 @@ from pathlib import Path
 import keras
 import tensorflow as tf
 
+from knobtune.tensorflow import Workload
 from knobtune.trainers.common import digits
 from knobtune.trainers.common.paths import cache_dir
-from knobtune.tensorflow import Workload
 from knobtune.trainers.tensorflow.builtin import _eval_arrays
 from knobtune.trainers.tensorflow.data import parse_png, random_affine, write_shards
 from knobtune.trainers.tensorflow.models import mlp
