@@ -107,6 +107,33 @@ def _confirmed_line(confirmed: dict[str, Any]) -> str:
     return line
 
 
+def short_windows_note(number: int, short: dict[str, Any]) -> str:
+    return (f"note: trial #{number}'s shortest window lasted {short['shortest_seconds'] * 1000:.0f} ms, under "
+            f"[burst] min_window_seconds = {short['min_window_seconds']:g}: timing, queue transients and "
+            f"allocator effects weigh on such windows; [burst] train_samples = {short['suggested_train_samples']} "
+            f"would make them long enough (for a new study: --name)")
+
+
+def unsettled_note(number: int, unsettled: dict[str, Any]) -> str:
+    return (f"note: trial #{number}'s input pipeline held up to {unsettled['read_ahead_batches']} batches ahead, and "
+            f"the burst had room to train through {unsettled['settled_batches']} before its windows: batches "
+            f"loaded during warm-up may have inflated its rate (marked noisy); [burst] train_samples = "
+            f"{unsettled['suggested_train_samples']} would leave room (for a new study: --name)")
+
+
+BURST_NOTES = {"short_windows": short_windows_note, "unsettled": unsettled_note}
+
+
+def best_label(study: optuna.Study) -> tuple[str, int] | None:
+    """The progress bar's "best so far": samples/s, or seconds to target."""
+    best = results.searched_best(study)
+    if best is None:
+        return None
+    if results.mode(study) == "time-to-accuracy":
+        return f"{best.value:.2f} s to target", best.number
+    return f"{results.rate(best):,.0f} samples/s", best.number
+
+
 # trial attributes that say the burst was too short for the trial, each with its train_samples fix
 BURST_ADVICE = (
     ("short_windows", "short windows", "had windows under [burst] min_window_seconds"),

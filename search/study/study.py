@@ -24,8 +24,8 @@ from knobtune.search.storage.record import StudyRecord, TrialRecord
 from knobtune.search.storage.workers import Sharing
 from knobtune.search.story import notes, results
 from knobtune.search.story.progress import Progress
-from knobtune.search.story.summary import study_summary
-from knobtune.search.study import loop, warmstart
+from knobtune.search.story.summary import best_label, study_summary
+from knobtune.search.study import loop, queue, survival, warmstart
 from knobtune.search.study.confirm import confirm
 from knobtune.search.study.definition import Definition
 from knobtune.search.study.diagnose import diagnose_study
@@ -249,7 +249,7 @@ class _StudyRun:
         """Load or create the study and queue its baseline (on a shared study under the queue's
         lease, so two workers starting together neither create it twice nor queue two baselines)."""
         shared = self.shared
-        held = (loop.queue_lease(self.storage.engine, self.name, self.worker).held() if shared
+        held = (survival.queue_lease(self.storage.engine, self.name, self.worker).held() if shared
                 else contextlib.nullcontext())
         with held:
             study, created = load_or_create(self.storage, self.name, self.definition, fingerprint, sampler)
@@ -259,7 +259,7 @@ class _StudyRun:
                 stale = _fail_stale(study)
                 if stale:
                     self.err.write(f"note: marked {stale} trial(s) left running by an earlier run as failed\n")
-            loop.enqueue_baseline(study, plan)
+            queue.enqueue_baseline(study, plan)
             notes.name_metrics(study)
         return study, created
 
@@ -303,7 +303,7 @@ class _StudyRun:
             err.write("note: no artifact directory for a server database: each machine would need the same one; "
                       "name a shared directory with --artifacts DIR to keep trial outputs for the dashboard\n")
         progress = Progress(target, min(done, target), err)
-        progress.best = loop.best_label(study)
+        progress.best = best_label(study)
         search = loop.Search(study, plan, url, err, progress, artifact_store, slots,
                              random.Random(study_cfg.seed if seed is None else seed), shared, self.worker,
                              self.storage.engine, warm)
