@@ -1,18 +1,32 @@
-"""Knob and Space: what can be searched, where it applies, and how a trial suggests it.
+"""Knob and Space: what can be searched, where it applies, how a trial suggests it, and how
+the child applies it, reads it back and writes it in the export snippet.
 
 A knob that cannot apply on this hardware or to this workload is not offered; a knob that is
 inactive for the other values of a trial (``prefetch_factor`` without workers) is not suggested.
 Either way it keeps its framework default and the trial's ``knobs`` attribute says why.
 Choice lists are fixed per study, as Optuna requires.
+
+The engine imports this module and the frameworks' spaces, never torch or TensorFlow: a knob's
+``environ``, ``apply`` and ``read`` run only in a trial's child and import the framework there.
 """
 from __future__ import annotations
 
 import itertools
 import random
 from dataclasses import dataclass, field
-from typing import Any, Callable, Iterator, Mapping, Protocol, Sequence
+from typing import Any, Callable, Collection, Iterator, Mapping, Protocol, Sequence
 
 Context = Mapping[str, Any]  # {"hardware": {...}, "workload": {...}} as the probe reported them
+UNREAD: Any = type("Unread", (), {"__repr__": lambda self: "UNREAD"})()  # read back from nothing built
+
+
+@dataclass(frozen=True)
+class Lines:
+    """A knob's lines in the export snippet: ``env``, set in ``os.environ`` before the framework
+    starts; ``code``, placed by the framework's script (statements, or a call's arguments)."""
+
+    env: tuple[str, ...] = ()
+    code: tuple[str, ...] = ()
 
 
 class Suggester(Protocol):
@@ -27,6 +41,15 @@ class Knob:
     always among them); ``unavailable(ctx)`` says why the knob does not apply here (None when it
     does); ``inactive(values)`` says why it does not apply given the other knobs' values.
     ``check(value)`` returns an error text for an impossible value, or None.
+
+    In the child: ``applied_by`` is the Tuned call that applies the knob ("load": ``Tuned`` itself,
+    process-wide, through ``environ`` before the framework starts and ``apply`` after the check;
+    any other call applies it with the others it builds one object from: the DataLoader, the
+    model, the optimizer, the tf.data pipeline, ``model.compile``). ``environ(value, objects)``
+    and ``apply(value, objects)`` return why the value could not be applied, or None.
+    ``read(objects)`` is the value the framework's objects report (``UNREAD``: none to ask).
+    ``lines(value)`` is its lines in the export snippet. ``objects`` is the framework's
+    ``Trained`` (spaces/pytorch.py, spaces/tensorflow.py).
     """
 
     name: str
@@ -39,6 +62,11 @@ class Knob:
     check: Callable[[Any], str | None] = lambda value: None
     value_unavailable: Callable[[Any, Context], str | None] = lambda value, ctx: None
     default_in: Callable[[Context], Any] | None = None  # a framework default that depends on hardware
+    applied_by: str = "load"
+    environ: Callable[[Any, Any], str | None] | None = None
+    apply: Callable[[Any, Any], str | None] | None = None
+    read: Callable[[Any], Any] = lambda objects: UNREAD
+    lines: Callable[[Any], Lines] = lambda value: Lines()
 
     def default_for(self, ctx: Context) -> Any:
         return self.default_in(ctx) if self.default_in else self.default
@@ -103,6 +131,8 @@ class Space:
     input_variants: Callable[[Context], dict[str, dict[str, Any]]] = lambda ctx: {}
     # why a combination of values cannot train correctly on this hardware (None: it can)
     invalid: Callable[[Mapping[str, Any], Context], str | None] = lambda values, ctx: None
+    # the export snippet: the framework's training script around the knobs' lines
+    script: Callable[[Shown], str] = lambda shown: ""
 
     @property
     def names(self) -> list[str]:
@@ -113,6 +143,32 @@ class Space:
             if k.name == name:
                 return k
         raise KeyError(name)
+
+    def applied_by(self, call: str) -> tuple[str, ...]:
+        """The knobs the Tuned call ``call`` applies, in declaration order."""
+        return tuple(k.name for k in self.knobs if k.applied_by == call)
+
+    def apply(self, values: Mapping[str, Any], wanted: Collection[str], objects: Any,
+              *, environ: bool = False) -> dict[str, str]:
+        """Apply each ``wanted`` knob that applies itself, in declaration order: its ``environ``
+        (before the framework starts) or its ``apply``. Knob -> why its value was not applied."""
+        out: dict[str, str] = {}
+        for knob in self.knobs:
+            step = knob.environ if environ else knob.apply
+            if step is not None and knob.name in wanted:
+                why = step(values[knob.name], objects)
+                if why:
+                    out[knob.name] = why
+        return out
+
+    def read_back(self, objects: Any, skipped: Collection[str] = ()) -> dict[str, Any]:
+        """Every knob, but those ``skipped``, as the framework's ``objects`` report it."""
+        out: dict[str, Any] = {}
+        for knob in self.knobs:
+            value = UNREAD if knob.name in skipped else knob.read(objects)
+            if value is not UNREAD:
+                out[knob.name] = value
+        return out
 
     def validate_values(self, name: str, values: Sequence[Any]) -> str | None:
         """Static check of one ``[space]`` or ``[baseline]`` entry; an error text or None."""
@@ -259,6 +315,41 @@ class Space:
                 yield values
 
 
+@dataclass(frozen=True)
+class Shown:
+    """What an export snippet shows: the winner's ``knobs``, less those ``skipped`` (not applied
+    when measured); ``learning_rate(setter)`` is the lines setting the rescaled learning rate
+    (none when it was not rescaled), ``setter`` the framework's statement with ``{lr}`` in it."""
+
+    space: Space
+    knobs: Mapping[str, Any]
+    skipped: Collection[str]
+    learning_rate: Callable[[str], list[str]]
+
+    def on(self, name: str) -> bool:
+        return name in self.knobs and name not in self.skipped
+
+    def value(self, name: str, default: Any) -> Any:
+        """The knob's value when shown, else ``default`` (the framework's own)."""
+        return self.knobs.get(name, default) if self.on(name) else default
+
+    def lines(self, *names: str) -> Lines:
+        """The lines of the shown knobs among ``names``, in that order."""
+        env: list[str] = []
+        code: list[str] = []
+        for name in names:
+            if self.on(name):
+                lines = self.space.knob(name).lines(self.knobs[name])
+                env += lines.env
+                code += lines.code
+        return Lines(tuple(env), tuple(code))
+
+    @staticmethod
+    def source(env: Sequence[str], body: list[str]) -> str:
+        """The script: the environment knobs' lines first (before the framework is imported)."""
+        return "\n".join([*(["import os", *env] if env else []), *body]) + "\n"
+
+
 # Helpers both frameworks' spaces build their knobs from.
 
 def hardware(ctx: Context) -> Mapping[str, Any]:
@@ -294,18 +385,20 @@ def fits_cores(what: str) -> Callable[[Any, Context], str | None]:
     return check
 
 
-def batch_size_knob() -> Knob:
+# ``child``: the knob's applied_by, environ, apply, read and lines in that framework
+
+def batch_size_knob(**child: Any) -> Knob:
     return Knob("batch_size", int, 64, "samples per micro-batch",
-                choices=lambda ctx: [32, 64, 128, 256, 512], check=positive)
+                choices=lambda ctx: [32, 64, 128, 256, 512], check=positive, **child)
 
 
-def accumulation_knob(how: str) -> Knob:
+def accumulation_knob(how: str, **child: Any) -> Knob:
     return Knob("accumulation_steps", int, 1,
                 f"micro-batches per optimizer step (effective batch = batch_size x accumulation_steps; {how})",
-                choices=lambda ctx: [1, 2, 4], check=positive)
+                choices=lambda ctx: [1, 2, 4], check=positive, **child)
 
 
-def threads_knob(how: str, default_name: str) -> Knob:
+def threads_knob(how: str, default_name: str, **child: Any) -> Knob:
     return Knob("intra_op_threads", int, 0, f"{how} (0 = {default_name}'s default)",
                 choices=core_counts, value_unavailable=fits_cores("threads"),
-                check=lambda v: None if v >= 0 else f"must be >= 0 (0 = {default_name}'s default), got {v}")
+                check=lambda v: None if v >= 0 else f"must be >= 0 (0 = {default_name}'s default), got {v}", **child)

@@ -1,14 +1,17 @@
-"""TensorFlow's knobs (the seeds' tf.data and tf.function advice, made searchable).
+"""TensorFlow's knobs (the seeds' tf.data and tf.function advice, made searchable): each one's
+choices, gating, how the child applies it and reads it back, and its lines in the export snippet.
 
 Parallelism knobs take a number or "autotune" (tf.data.AUTOTUNE); 0 means sequential
 (``num_parallel_calls`` unset) and, for ``prefetch``, no prefetch at all.
 """
 from __future__ import annotations
 
-from typing import Any
+import os
+from dataclasses import dataclass
+from typing import Any, Callable, Mapping
 
-from knobtune.spaces.knobs import (Context, Knob, Space, accumulation_knob, batch_size_knob, core_counts, fits_cores, hardware,
-                          one_of, positive, threads_knob)
+from knobtune.spaces.knobs import (UNREAD, Context, Knob, Lines, Shown, Space, accumulation_knob, batch_size_knob,
+                                   core_counts, fits_cores, hardware, one_of, positive, threads_knob)
 
 AUTOTUNE = "autotune"
 _hw = hardware
@@ -82,46 +85,266 @@ def _non_negative(value: Any) -> str | None:
     return None if value >= 0 else f"must be >= 0 (0 = TensorFlow's shared pool), got {value}"
 
 
+# ----------------------------------------------------------------- in the child
+# How each knob is applied and read back (TensorFlow imported here, in the child only) and its
+# lines in the export snippet. The tf.data knobs are applied together by kt.dataset
+# (trainers/tensorflow/data.py: build_pipeline) and read back from the pipeline it built
+# (describe_pipeline); the compile knobs by kt.compile.
+
+THREAD_MODE_ENV = "TF_GPU_THREAD_MODE"
+XLA_FLAGS_ENV = "TF_XLA_FLAGS"
+CPU_AUTO_JIT = "--tf_xla_cpu_global_jit"  # auto-clustering clusters CPU ops only with this flag
+
+
+@dataclass(frozen=True)
+class Trained:
+    """What a TensorFlow child applied the knobs to, as their ``environ``, ``apply`` and ``read``
+    see it (TensorFlow objects typed Any: the engine imports this module, never TensorFlow)."""
+
+    knobs: Mapping[str, Any]       # as requested, the framework defaults where none was
+    gpu: bool | None = None        # None: not known yet (before TensorFlow lists its devices)
+    pipeline: Mapping[str, Any] | None = None  # the tf.data knobs read back from the pipeline trained on
+    model: Any = None
+    custom: bool = False           # trained by knobtune's custom loop
+
+
+def runtime_started() -> bool:
+    """Whether TensorFlow's eager runtime (and with it its devices) has been initialised."""
+    from tensorflow.python.eager import context
+
+    current = context.context_safe()
+    return current is not None and bool(current._initialized)
+
+
+def _devices_listed() -> bool:
+    """Whether TensorFlow has listed its devices (which reads TF_XLA_FLAGS, once per process)."""
+    from tensorflow.python.eager import context
+
+    current = context.context_safe()
+    return current is not None and current._physical_devices is not None
+
+
+def _from_pipeline(name: str) -> Callable[[Trained], Any]:
+    return lambda t: UNREAD if t.pipeline is None else t.pipeline[name]
+
+
+def _from_compiled(read: Callable[[Any], Any]) -> Callable[[Trained], Any]:
+    return lambda t: read(t.model) if t.model is not None and getattr(t.model, "compiled", False) else UNREAD
+
+
+def _accumulation_used(model: Any) -> int:
+    from knobtune.trainers.tensorflow.knobs import accumulation
+
+    return accumulation(model.optimizer)
+
+
+def _set_policy(value: Any, t: Trained) -> None:
+    """The Keras global dtype policy, which layers built from now on take."""
+    import keras
+
+    keras.mixed_precision.set_global_policy(value)
+
+
+def _policy_used(t: Trained) -> str:
+    import keras
+
+    return t.model.dtype_policy.name if t.model is not None else keras.mixed_precision.global_policy().name
+
+
+def _set_threads(value: Any, t: Trained) -> str | None:
+    import tensorflow as tf
+
+    threads = int(value or 0)
+    if threads > 0 and tf.config.threading.get_intra_op_parallelism_threads() != threads:
+        try:
+            tf.config.threading.set_intra_op_parallelism_threads(threads)
+        except RuntimeError:
+            return (f"intra_op_threads={threads} was not applied: TensorFlow's runtime had started; call "
+                    f"Tuned.load() before any TensorFlow operation")
+    return None
+
+
+def _threads_used(t: Trained) -> Any:
+    import tensorflow as tf
+
+    return t.knobs["intra_op_threads"] and tf.config.threading.get_intra_op_parallelism_threads()
+
+
+def _set_tf32(value: Any, t: Trained) -> None:
+    import tensorflow as tf
+
+    if t.gpu:  # TensorFlow's default on Ampere and newer: TF32 on
+        tf.config.experimental.enable_tensor_float_32_execution(bool(value))
+
+
+def _tf32_used(t: Trained) -> bool:
+    import tensorflow as tf
+
+    return bool(t.gpu) and bool(tf.config.experimental.tensor_float_32_execution_enabled())  # none on a CPU
+
+
+def _set_xla_flags(value: Any, t: Trained) -> str | None:
+    """Auto-clustering clusters CPU ops only with ``--tf_xla_cpu_global_jit`` in TF_XLA_FLAGS,
+    which TensorFlow reads when it first lists its devices: set before that (on a GPU machine
+    it lets XLA cluster the ops placed on the CPU too). Returns why it could not be set."""
+    flags = os.environ.get(XLA_FLAGS_ENV, "").split()
+    if not value or CPU_AUTO_JIT in flags:
+        return None
+    if _devices_listed():
+        return ("xla_auto_clustering=True cannot cluster CPU ops: TensorFlow had read TF_XLA_FLAGS already; call "
+                "Tuned.load() before any TensorFlow operation")
+    os.environ[XLA_FLAGS_ENV] = " ".join([*flags, CPU_AUTO_JIT])
+    return None
+
+
+def _set_jit(value: Any, t: Trained) -> None:
+    """XLA clusters the graphs jit_compile leaves alone."""
+    import tensorflow as tf
+
+    tf.config.optimizer.set_jit("autoclustering" if value else False)
+
+
+def _auto_clustering_used(t: Trained) -> bool:
+    """Read back: TensorFlow's jit setting (and on a CPU the flag that lets it cluster CPU ops)."""
+    import tensorflow as tf
+
+    on = tf.config.optimizer.get_jit() == "autoclustering"
+    return on and (bool(t.gpu) or CPU_AUTO_JIT in os.environ.get(XLA_FLAGS_ENV, "").split())
+
+
+def _set_thread_mode(value: Any, t: Trained) -> str | None:
+    """``TF_GPU_THREAD_MODE``, which TensorFlow reads when it creates its GPU devices: set before
+    its runtime starts. Returns why it could not be applied (the runtime had started)."""
+    if not t.gpu or os.environ.get(THREAD_MODE_ENV, "global") == value:
+        return None
+    if runtime_started():
+        return (f"gpu_thread_mode={value!r} was not applied: TensorFlow's runtime had started; call Tuned.load() "
+                f"before any TensorFlow operation")
+    os.environ[THREAD_MODE_ENV] = value
+    return None
+
+
+def _thread_mode_used(t: Trained) -> str:
+    """The GPU thread mode TensorFlow's devices were created with (read once its runtime runs)."""
+    return os.environ.get(THREAD_MODE_ENV, "global") if t.gpu and runtime_started() else "global"
+
+
+def _code(*lines: str) -> Lines:
+    return Lines(code=lines)
+
+
+def calls(value: Any) -> str:
+    """A parallelism knob's value in the snippet's source."""
+    return "tf.data.AUTOTUNE" if value == AUTOTUNE else str(int(value))
+
+
+def _xla_lines(value: Any) -> Lines:
+    if not value:
+        return Lines()
+    return Lines(env=(f"os.environ['{XLA_FLAGS_ENV}'] = os.environ.get('{XLA_FLAGS_ENV}', '') + ' {CPU_AUTO_JIT}'"
+                      f"  # CPU ops too",),
+                 code=("tf.config.optimizer.set_jit(True)  # XLA auto-clustering",))
+
+
+def _pipeline_knob(name: str, kind: type, default: Any, help: str, **search: Any) -> Knob:
+    return Knob(name, kind, default, help, applied_by="dataset", read=_from_pipeline(name), **search)
+
+
 KNOBS = (
-    batch_size_knob(),
-    accumulation_knob("Keras 3 optimizer gradient_accumulation_steps"),
-    Knob("cycle_length", object, 1, "TFRecord files read at once by interleave (or 'autotune')",
-         choices=lambda ctx: [1, 2, 4, 8, AUTOTUNE], check=_cycle),
-    Knob("interleave_parallel_calls", object, 0, "interleave num_parallel_calls (0 = sequential)",
-         choices=_parallel_choices, check=_parallelism),
-    Knob("map_parallel_calls", object, 0, "decode/augment map num_parallel_calls (0 = sequential)",
-         choices=_parallel_choices, check=_parallelism),
-    Knob("prefetch", object, 0, "prefetch buffer after batching, always last (0 = none)",
-         choices=lambda ctx: [0, 1, 2, 4, AUTOTUNE], check=_parallelism),
-    Knob("deterministic", bool, True, "keep element order under parallelism",
-         choices=lambda ctx: [True, False]),
-    Knob("cache", bool, False, "cache decoded images in memory after the first epoch (augmentation stays per epoch)",
-         choices=lambda ctx: [False, True]),
+    batch_size_knob(applied_by="dataset", read=_from_pipeline("batch_size")),
+    accumulation_knob("Keras 3 optimizer gradient_accumulation_steps", applied_by="compile",
+                      read=_from_compiled(_accumulation_used),
+                      lines=lambda v: _code(f"optimizer.gradient_accumulation_steps = {int(v)}  # or pass it when "
+                                            f"you build the optimizer") if int(v or 1) > 1 else Lines()),
+    _pipeline_knob("cycle_length", object, 1, "TFRecord files read at once by interleave (or 'autotune')",
+                   choices=lambda ctx: [1, 2, 4, 8, AUTOTUNE], check=_cycle),
+    _pipeline_knob("interleave_parallel_calls", object, 0, "interleave num_parallel_calls (0 = sequential)",
+                   choices=_parallel_choices, check=_parallelism),
+    _pipeline_knob("map_parallel_calls", object, 0, "decode/augment map num_parallel_calls (0 = sequential)",
+                   choices=_parallel_choices, check=_parallelism),
+    _pipeline_knob("prefetch", object, 0, "prefetch buffer after batching, always last (0 = none)",
+                   choices=lambda ctx: [0, 1, 2, 4, AUTOTUNE], check=_parallelism,
+                   lines=lambda v: _code(f"ds = ds.prefetch({calls(v)})  # always last") if v else Lines()),
+    _pipeline_knob("deterministic", bool, True, "keep element order under parallelism",
+                   choices=lambda ctx: [True, False]),
+    _pipeline_knob("cache", bool, False,
+                   "cache decoded images in memory after the first epoch (augmentation stays per epoch)",
+                   choices=lambda ctx: [False, True],
+                   lines=lambda v: _code("ds = ds.cache()  # decoded images in memory after the first epoch")
+                   if v else Lines()),
     Knob("jit_compile", bool, False, "XLA compilation of the train step (Keras' 'auto': on with a GPU)",
-         choices=lambda ctx: [False, True], default_in=lambda ctx: bool(_hw(ctx).get("gpu"))),
+         choices=lambda ctx: [False, True], default_in=lambda ctx: bool(_hw(ctx).get("gpu")),
+         applied_by="compile", read=_from_compiled(lambda model: bool(model.jit_compile))),
     Knob("mixed_precision", str, "float32", "Keras dtype policy; mixed_float16 adds a LossScaleOptimizer",
          choices=_precision_choices, value_unavailable=_precision_value,
-         check=one_of("float32", "mixed_bfloat16", "mixed_float16")),
+         check=one_of("float32", "mixed_bfloat16", "mixed_float16"), apply=_set_policy, read=_policy_used,
+         lines=lambda v: _code(f"keras.mixed_precision.set_global_policy({v!r})  # before the model is built")
+         if v != "float32" else Lines()),
     Knob("steps_per_execution", int, 1, "train steps per host call",
-         choices=lambda ctx: [1, 2, 4, 8, 16], check=positive),
+         choices=lambda ctx: [1, 2, 4, 8, 16], check=positive,
+         applied_by="compile", read=_from_compiled(lambda model: int(model.steps_per_execution))),
     Knob("loop", str, "fit", "Keras model.fit, or a custom loop under @tf.function",
-         choices=lambda ctx: ["fit", "custom"], check=one_of("fit", "custom")),
-    threads_knob("tf.config.threading intra-op threads", "TensorFlow"),
+         choices=lambda ctx: ["fit", "custom"], check=one_of("fit", "custom"),
+         applied_by="fit", read=lambda t: "custom" if t.custom else "fit",
+         lines=lambda v: _code("# the winner was measured with a custom @tf.function training loop, not model.fit")
+         if v == "custom" else Lines()),
+    threads_knob("tf.config.threading intra-op threads", "TensorFlow", apply=_set_threads, read=_threads_used,
+                 lines=lambda v: _code(f"tf.config.threading.set_intra_op_parallelism_threads({int(v)})")
+                 if v else Lines()),
     Knob("tf32", bool, True, "TF32 tensor cores for fp32 matmuls and convolutions (TensorFlow's default on Ampere+)",
-         choices=lambda ctx: [True, False], unavailable=_no_tf32, inactive=_mixed),
+         choices=lambda ctx: [True, False], unavailable=_no_tf32, inactive=_mixed,
+         apply=_set_tf32, read=_tf32_used,
+         lines=lambda v: _code(f"tf.config.experimental.enable_tensor_float_32_execution({bool(v)})")),
     Knob("xla_auto_clustering", bool, False,
          "tf.config.optimizer.set_jit: XLA compiles clusters of the graphs jit_compile leaves alone",
-         choices=lambda ctx: [False, True], inactive=_whole_step_compiled),
+         choices=lambda ctx: [False, True], inactive=_whole_step_compiled,
+         environ=_set_xla_flags, apply=_set_jit, read=_auto_clustering_used, lines=_xla_lines),
     Knob("gpu_thread_mode", str, "global",
          "TF_GPU_THREAD_MODE: gpu_private gives the GPU its own kernel-launch threads",
          choices=lambda ctx: ["global", "gpu_private"], unavailable=_no_gpu,
-         check=one_of("global", "gpu_private", "gpu_shared")),
-    Knob("map_parallelization", bool, True, "tf.data Options: run stateless sequential maps in parallel (default on)",
-         choices=lambda ctx: [True, False], inactive=_maps_parallel),
-    Knob("private_threadpool_size", int, 0, "tf.data Options: the pipeline's own thread pool (0 = the shared pool)",
-         choices=core_counts, value_unavailable=fits_cores("threads"), check=_non_negative,
-         inactive=_nothing_parallel),
+         check=one_of("global", "gpu_private", "gpu_shared"), apply=_set_thread_mode, read=_thread_mode_used,
+         lines=lambda v: Lines(env=(f"os.environ['{THREAD_MODE_ENV}'] = {v!r}",)) if v != "global" else Lines()),
+    _pipeline_knob("map_parallelization", bool, True,
+                   "tf.data Options: run stateless sequential maps in parallel (default on)",
+                   choices=lambda ctx: [True, False], inactive=_maps_parallel,
+                   lines=lambda v: _code("options.experimental_optimization.map_parallelization = False")
+                   if v is False else Lines()),
+    _pipeline_knob("private_threadpool_size", int, 0,
+                   "tf.data Options: the pipeline's own thread pool (0 = the shared pool)",
+                   choices=core_counts, value_unavailable=fits_cores("threads"), check=_non_negative,
+                   inactive=_nothing_parallel,
+                   lines=lambda v: _code(f"options.threading.private_threadpool_size = {int(v)}") if v else Lines()),
 )
+
+
+def script(shown: Shown) -> str:
+    """The export snippet: a tf.data pipeline and model.fit with the shown knobs' lines in their
+    places (the parallelism knobs and deterministic shape the pipeline's calls)."""
+    setup = shown.lines("gpu_thread_mode", "xla_auto_clustering", "intra_op_threads", "tf32", "mixed_precision")
+    out = ["import keras", "import tensorflow as tf", "", *setup.code]
+    deterministic = bool(shown.knobs.get("deterministic", True))
+
+    def parallel(name: str) -> str:
+        value = shown.value(name, 0)
+        if not value:
+            return ""
+        return f", num_parallel_calls={calls(value)}" + ("" if deterministic else ", deterministic=False")
+
+    options = shown.lines("map_parallelization", "private_threadpool_size").code
+    out += ["", "ds = tf.data.Dataset.from_tensor_slices(files)",
+            *(["options = tf.data.Options()", *options, "ds = ds.with_options(options)"] if options else []),
+            f"ds = ds.interleave(tf.data.TFRecordDataset, cycle_length={calls(shown.value('cycle_length', 1))}, "
+            f"block_length=1{parallel('interleave_parallel_calls')})",
+            f"ds = ds.map(parse_fn{parallel('map_parallel_calls')})", *shown.lines("cache").code,
+            f"ds = ds.map(augment_fn{parallel('map_parallel_calls')})",
+            "ds = ds.shuffle(10_000).repeat()",
+            f"ds = ds.batch({int(shown.knobs['batch_size'])}, drop_remainder=True)", *shown.lines("prefetch").code,
+            "", *shown.lines("accumulation_steps").code, *shown.learning_rate("optimizer.learning_rate = {lr}")]
+    jit = bool(shown.value("jit_compile", False))
+    spe = int(shown.value("steps_per_execution", 1) or 1)
+    out += [f"model.compile(optimizer=optimizer, loss=loss_fn, jit_compile={jit}, steps_per_execution={spe})",
+            "model.fit(ds, epochs=epochs, steps_per_epoch=steps_per_epoch)", *shown.lines("loop").code]
+    return shown.source(setup.env, out)
 
 
 def advice(ctx: Context) -> dict[str, Any]:
@@ -140,4 +363,4 @@ def input_variants(ctx: Context) -> dict[str, dict[str, Any]]:
                              "map_parallel_calls": AUTOTUNE, "prefetch": AUTOTUNE}}
 
 
-SPACE = Space("tensorflow", KNOBS, advice=advice, input_variants=input_variants)
+SPACE = Space("tensorflow", KNOBS, advice=advice, input_variants=input_variants, script=script)

@@ -2,8 +2,12 @@
 from __future__ import annotations
 
 import random
+import subprocess
+import sys
 
-from knobtune.spaces import for_framework
+import pytest
+
+from knobtune.spaces import Knob, for_framework
 
 ADAM = {"optimizer": "Adam", "optimizer_impls": ["default", "foreach", "fused"]}  # as the probe tried it
 CPU = {"hardware": {"device": "cpu", "cuda": False, "bf16": True, "usable_cores": 2, "loader_in_order": True},
@@ -216,3 +220,22 @@ def test_tensorflow_data_options_are_asked_only_where_they_change_something():
     trial, _ = _tf_resolved(TF_CPU, {"map_parallel_calls": [0], "interleave_parallel_calls": [0], "prefetch": [0],
                                      "map_parallelization": [True]})
     assert "private_threadpool_size" in trial.asked
+
+
+def test_the_engine_imports_neither_framework_with_the_knobs_definitions():
+    code = ("import sys\n"
+            "import knobtune.spaces.pytorch, knobtune.spaces.tensorflow, knobtune.search.story, knobtune.search.cli\n"
+            "from knobtune.search.story.snippet import snippet\n"
+            "for fw in ('pytorch', 'tensorflow'):\n"
+            "    snippet({'framework': fw, 'knobs': {'batch_size': 64}})\n"
+            "assert 'torch' not in sys.modules and 'tensorflow' not in sys.modules, sorted(sys.modules)\n")
+    subprocess.run([sys.executable, "-c", code], check=True, timeout=120)
+
+
+@pytest.mark.parametrize("framework", ["pytorch", "tensorflow"])
+def test_every_knob_says_how_it_is_applied_and_read_back(framework):
+    unread = Knob.__dataclass_fields__["read"].default
+    for knob in for_framework(framework).knobs:
+        assert knob.read is not unread, f"{framework} knob {knob.name} is never read back"
+        if knob.applied_by == "load":
+            assert knob.apply or knob.environ, f"{framework} knob {knob.name} is applied by nothing"

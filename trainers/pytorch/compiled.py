@@ -77,18 +77,6 @@ def report(requested: str, replays: ReplayCounter | None = None) -> dict[str, An
     return out
 
 
-def effective_mode(requested: str, compile_report: dict[str, Any] | None, on_cuda: bool) -> str:
-    """The compile mode that really ran: "off" after a fall-back to eager; "default" when a CUDA
-    graph mode skipped its CUDA graphs (or runs on a CPU, where there are none)."""
-    if requested == "off" or compile_report is None:
-        return "off"
-    if compile_report["eager_fallback"]:
-        return "off"
-    if requested == "reduce-overhead" and (compile_report["cudagraph_skips"] or not on_cuda):
-        return "default"
-    return requested
-
-
 def uses_cuda_graphs(mode: str, device: torch.device) -> bool:
     """reduce-overhead and max-autotune capture CUDA graphs on CUDA devices."""
     return device.type == "cuda" and mode in ("reduce-overhead", "max-autotune")

@@ -1,17 +1,18 @@
-"""Applying PyTorch's knobs for real, once, whoever trains: the process settings (threads,
-cuDNN, matmul precision, the CUDA caching allocator), the DataLoader's arguments, the model's
-preparation (device, channels_last, torch.compile), autocast, the optimizer's implementation
-and the fp16 optimizer; and checking which values this machine can apply."""
+"""Applying PyTorch's knobs that a call applies together, for real, whoever trains: the
+DataLoader's arguments, the model's preparation (device, channels_last, torch.compile),
+autocast, the optimizer's implementation and the fp16 optimizer; and checking which values this
+machine can apply. A knob applied on its own (threads, cuDNN, matmul precision, the CUDA caching
+allocator) is applied, and every knob read back, by its definition in spaces/pytorch.py."""
 from __future__ import annotations
 
 import inspect
-import os
 from contextlib import nullcontext
 from typing import Any, ContextManager
 
 import torch
 from torch.utils.data import DataLoader
 
+from knobtune.spaces.pytorch import SPACE
 from knobtune.trainers.common import hostinfo
 from knobtune.trainers.common.errors import InvalidKnobs
 from knobtune.trainers.pytorch import compiled
@@ -19,22 +20,15 @@ from knobtune.trainers.pytorch import compiled
 AMP_DTYPES = {"bf16": torch.bfloat16, "fp16": torch.float16}
 COMPILE_MODES = ("off", "default", "reduce-overhead", "max-autotune")
 MATMUL_PRECISIONS = ("highest", "high", "medium")
-LOADER_KNOBS = ("batch_size", "num_workers", "prefetch_factor", "persistent_workers", "pin_memory",
-                "dataloader_in_order")
+LOADER_KNOBS = SPACE.applied_by("dataloader")
 # the DataLoader argument of a loader knob whose name is not the argument's
 LOADER_ARGUMENTS = {"dataloader_in_order": "in_order"}
 OPTIMIZER_IMPLS = ("default", "foreach", "fused")
-ALLOC_CONF = "PYTORCH_CUDA_ALLOC_CONF"
 # Optimizers with a fused CUDA implementation that takes GradScaler's scale and found_inf on the
 # device (``_step_supports_amp_scaling``): with them fp16 needs no host read per step.
 FUSABLE = (torch.optim.Adam, torch.optim.AdamW, torch.optim.SGD)
 # What each knob is when nobody set it: PyTorch's own defaults (batch_size: the script's).
-DEFAULTS: dict[str, Any] = {
-    "accumulation_steps": 1, "num_workers": 0, "prefetch_factor": 2, "persistent_workers": False,
-    "pin_memory": False, "intra_op_threads": 0, "amp": "off", "compile": "off", "channels_last": False,
-    "cudnn_benchmark": False, "cudnn_deterministic": False, "matmul_precision": "highest",
-    "optimizer_impl": "default", "dataloader_in_order": True, "expandable_segments": False,
-}
+DEFAULTS: dict[str, Any] = {k.name: k.default for k in SPACE.knobs if k.name != "batch_size"}
 
 
 def check(knobs: dict[str, Any], device: torch.device) -> None:
@@ -85,54 +79,6 @@ def problems(knobs: dict[str, Any], device: torch.device) -> dict[str, str]:
 def loader_in_order() -> bool:
     """Whether this torch's DataLoader takes ``in_order`` (torch 2.6 and newer)."""
     return "in_order" in inspect.signature(DataLoader.__init__).parameters
-
-
-def apply_allocator(knobs: dict[str, Any], device: torch.device) -> None:
-    """``expandable_segments`` for the CUDA caching allocator, before any CUDA memory is allocated:
-    in the environment (where ``PYTORCH_CUDA_ALLOC_CONF`` is read: this process's allocator if
-    it has not read it yet, and processes it starts) and through torch's allocator settings (read
-    at every new segment)."""
-    if device.type != "cuda" or not knobs.get("expandable_segments"):
-        return
-    setting = "expandable_segments:True"
-    kept = [part for part in os.environ.get(ALLOC_CONF, "").split(",")
-            if part and not part.startswith("expandable_segments")]
-    os.environ[ALLOC_CONF] = ",".join([*kept, setting])
-    setter = getattr(torch._C, "_accelerator_setAllocatorSettings", None)  # torch >= 2.9
-    if setter is None:
-        setter = torch.cuda.memory._set_allocator_settings
-    setter(setting)
-
-
-def expandable_segments_used(device: torch.device) -> bool:
-    """Read back from the CUDA caching allocator: whether it made expandable segments (CUDA
-    graphs' private pools never are); without segments yet, its settings. False without CUDA."""
-    if device.type != "cuda" or not torch.cuda.is_initialized():
-        return False
-    segments = torch.cuda.memory_snapshot()
-    if segments:
-        return any(bool(s.get("is_expandable")) for s in segments)
-    getter = getattr(torch._C, "_accelerator_getAllocatorSettings", None)
-    settings = getter() if getter is not None else os.environ.get(ALLOC_CONF, "")
-    return "expandable_segments:true" in settings.replace(" ", "").lower()
-
-
-def apply_process(knobs: dict[str, Any], device: torch.device, only: set[str] | None = None) -> None:
-    """The process-wide settings: torch's threads, cuDNN flags, fp32 matmul precision (``only``:
-    just these knobs; what a script set itself stays as it is for the others)."""
-    def wanted(name: str) -> bool:
-        return name in knobs and (only is None or name in only)
-
-    threads = int(knobs.get("intra_op_threads", 0) or 0)
-    if wanted("intra_op_threads") and threads > 0:
-        torch.set_num_threads(threads)
-    if device.type == "cuda":
-        if wanted("cudnn_benchmark"):
-            torch.backends.cudnn.benchmark = bool(knobs["cudnn_benchmark"])
-        if wanted("cudnn_deterministic"):
-            torch.backends.cudnn.deterministic = bool(knobs["cudnn_deterministic"])
-        if wanted("matmul_precision"):
-            torch.set_float32_matmul_precision(knobs["matmul_precision"])
 
 
 def read_ahead(knobs: dict[str, Any]) -> int:
@@ -193,13 +139,6 @@ def prepare_model(model: torch.nn.Module, knobs: dict[str, Any], device: torch.d
     return torch.compile(model, mode=None if mode == "default" else mode, dynamic=False)  # type: ignore[return-value]
 
 
-def channels_last_used(model: torch.nn.Module) -> bool:
-    """Read from the convolution weights (the tensors channels_last is for), not any parameter."""
-    convs = [m.weight for m in model.modules()
-             if isinstance(m, (torch.nn.Conv2d, torch.nn.ConvTranspose2d)) and m.weight.dim() == 4]
-    return bool(convs) and all(w.is_contiguous(memory_format=torch.channels_last) for w in convs)
-
-
 def has_conv(model: torch.nn.Module) -> bool:
     return any(isinstance(m, (torch.nn.Conv1d, torch.nn.Conv2d, torch.nn.Conv3d)) for m in model.modules())
 
@@ -207,10 +146,6 @@ def has_conv(model: torch.nn.Module) -> bool:
 def autocast(knobs: dict[str, Any], device: torch.device) -> ContextManager[Any]:
     amp = knobs.get("amp", "off")
     return torch.autocast(device_type=device.type, dtype=AMP_DTYPES[amp]) if amp != "off" else nullcontext()
-
-
-def autocast_name(context: Any) -> str:
-    return {None: "off", torch.bfloat16: "bf16", torch.float16: "fp16"}[getattr(context, "fast_dtype", None)]
 
 
 def _params(optimizer: torch.optim.Optimizer) -> list[torch.Tensor]:
@@ -275,17 +210,6 @@ def optimizer_impls(optimizer: torch.optim.Optimizer | None, device: torch.devic
 def with_impl(optimizer: torch.optim.Optimizer, impl: str) -> torch.optim.Optimizer:
     """``optimizer`` rebuilt with ``foreach=True`` or ``fused=True`` (itself for ``default``)."""
     return optimizer if impl == "default" else _twin(optimizer, impl)
-
-
-def impl_used(optimizer: torch.optim.Optimizer) -> str:
-    """Read back from the optimizer's param groups: ``fused``, ``foreach`` (asked for: torch's
-    own choice when unset is ``default``) or ``default``."""
-    groups = optimizer.param_groups
-    if groups and all(g.get("fused") for g in groups):
-        return "fused"
-    if groups and all(g.get("foreach") for g in groups):
-        return "foreach"
-    return "default"
 
 
 def fused(optimizer: torch.optim.Optimizer) -> torch.optim.Optimizer | None:

@@ -29,6 +29,7 @@ import numpy as np
 import torch
 from torch.utils.data import DataLoader, IterableDataset
 
+from knobtune.spaces.pytorch import SPACE, Trained, impl_used
 from knobtune.trainers.common import production
 from knobtune.trainers.common.errors import InvalidKnobs, WorkloadError
 from knobtune.trainers.common.production import Watchdog, WatchdogSettings, log
@@ -125,13 +126,13 @@ class Tuned(TunedBase):
         self.trial, self.config = trial, config
         self.device = device or torch.device("cuda" if torch.cuda.is_available() else "cpu")
         self.created = time.perf_counter()
-        if role in TRIAL_ROLES or "expandable_segments" in self.explicit:  # before CUDA allocates
-            K.apply_allocator(self.knobs, self.device)
-        if role in TRIAL_ROLES:
-            K.check(self.knobs, self.device)
         # a trial sets every knob; production the export's; without a config the script's own
         # settings (cuDNN flags, matmul precision, threads it set itself) stay as they are
-        K.apply_process(self.knobs, self.device, None if role in TRIAL_ROLES else self.explicit)
+        wanted = set(self.knobs) if role in TRIAL_ROLES else self.explicit
+        SPACE.apply(self.knobs, wanted, Trained(self.device, self.knobs), environ=True)  # before CUDA allocates
+        if role in TRIAL_ROLES:
+            K.check(self.knobs, self.device)
+        SPACE.apply(self.knobs, wanted, Trained(self.device, self.knobs))
         self.accumulation = int(self.knobs["accumulation_steps"])
         self.scaler = torch.amp.GradScaler(self.device.type, enabled=self.knobs["amp"] == "fp16")
         self._autocast = K.autocast(self.knobs, self.device)
@@ -233,7 +234,7 @@ class Tuned(TunedBase):
         """``optimizer`` with the knobs' implementation (or, by default under fp16 on CUDA, fused
         for GradScaler); itself when a learning-rate scheduler already holds it."""
         impl = self.knobs["optimizer_impl"]
-        wanted = impl != "default" and K.impl_used(optimizer) != impl
+        wanted = impl != "default" and impl_used(optimizer) != impl
         scheduled = getattr(optimizer.step, "_wrapped_by_lr_sched", False)  # a scheduler holds this object
         if scheduled and (wanted or self.scaler.is_enabled()):
             log.warning(f"kt.prepare(model, optimizer): a learning-rate scheduler already drives this optimizer, so "
@@ -590,28 +591,11 @@ class Tuned(TunedBase):
     def knobs_effective(self) -> dict[str, Any]:
         """Every knob as the framework objects report it (read back, not echoed from the request)."""
         loader = self.trial.data if self.trial and self.trial.data is not None else self.last_loader
-        models = [m for m, _ in self.models]
-        report = self.compile_report()
-        out: dict[str, Any] = {
-            "accumulation_steps": self.accumulation,
-            "intra_op_threads": self.knobs["intra_op_threads"] and torch.get_num_threads(),
-            "amp": K.autocast_name(self._autocast) if self.knobs["amp"] != "off" else "off",
-            "compile": compiled.effective_mode(self.knobs["compile"], report, self.device.type == "cuda"),
-            "channels_last": bool(models) and all(K.channels_last_used(m) for m in models),
-            "cudnn_benchmark": torch.backends.cudnn.benchmark,
-            "cudnn_deterministic": torch.backends.cudnn.deterministic,
-            "matmul_precision": torch.get_float32_matmul_precision(),
-            "expandable_segments": K.expandable_segments_used(self.device),
-        }
         optimizer = self.optimizers[0] if self.optimizers else (self.prepared[-1] if self.prepared else None)
-        if optimizer is not None:
-            out["optimizer_impl"] = K.impl_used(optimizer)
-        if isinstance(loader, DataLoader):
-            out.update({k: v for k, v in K.loader_report(loader).items() if k in K.LOADER_KNOBS})
-            out["dataloader_in_order"] = bool(getattr(loader, "in_order", True))
-        for name in self.not_exercised():
-            out.pop(name, None)
-        return out
+        trained = Trained(self.device, self.knobs, loader=loader if isinstance(loader, DataLoader) else None,
+                          models=tuple(m for m, _ in self.models), optimizer=optimizer, autocast=self._autocast,
+                          compile_report=self.compile_report(), accumulation=self.accumulation)
+        return SPACE.read_back(trained, self.not_exercised())
 
     def compile_report(self) -> dict[str, Any] | None:
         return compiled.report(self.knobs["compile"], self.replays) if self.knobs["compile"] != "off" else None
@@ -643,7 +627,7 @@ class Tuned(TunedBase):
                 "grad_scaler": self.scaler.is_enabled(),
                 "fused_optimizer_for_grad_scaler": self.fused_for_scaler,
                 "optimizer": type(optimizer).__name__ if optimizer is not None else None,
-                "optimizer_impl": K.impl_used(optimizer) if optimizer is not None else None,
+                "optimizer_impl": impl_used(optimizer) if optimizer is not None else None,
                 "per_step_sync": K.per_step_sync(self.scaler, optimizer),
                 "compile_mode": self.knobs["compile"],
                 "compiled": any(m is not t for m, t in self.models),

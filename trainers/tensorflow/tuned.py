@@ -30,6 +30,7 @@ from typing import Any, Callable, Sequence
 import keras
 import tensorflow as tf
 
+from knobtune.spaces.tensorflow import SPACE, Trained
 from knobtune.trainers.common.errors import InvalidKnobs, WorkloadError
 from knobtune.trainers.common.production import ConfigError, Watchdog, WatchdogSettings, ensure_logging, expected_rate, log
 from knobtune.trainers.common.protocol import BurstRecord, GuardReading, Schedule, drive, hooks_from, make_schedule
@@ -99,15 +100,18 @@ class Tuned(TunedBase):
         self.knobs = {**K.DEFAULTS, "batch_size": None, **knobs}
         self.explicit = set(knobs) if explicit is None else explicit
         self.trial, self.config = trial, config
-        late_flags = K.apply_xla_flags(self.knobs, self.explicit)  # before env.hardware() lists the devices
+        # before env.hardware() lists the devices (which reads the environment)
+        late = SPACE.apply(self.knobs, self.explicit, Trained(self.knobs), environ=True)
         self.hardware = env.hardware()
         self.gpu = bool(self.hardware["gpu"])
         self.created = time.perf_counter()
         if role in TRIAL_ROLES:
             K.check(self.knobs, self.hardware)
-        unapplied = K.apply_process(self.knobs, self.explicit, self.gpu)
-        if late_flags and not self.gpu:
-            unapplied["xla_auto_clustering"] = late_flags
+        first = {"gpu_thread_mode"} & self.explicit  # before anything could start TensorFlow's runtime
+        unapplied = {**SPACE.apply(self.knobs, first, Trained(self.knobs, self.gpu)),
+                     **SPACE.apply(self.knobs, self.explicit - first, Trained(self.knobs, self.gpu))}
+        if not self.gpu:  # on a GPU the late flag only keeps XLA from clustering the ops left on the CPU
+            unapplied.update(late)
         for name, why in unapplied.items():
             if role in TRIAL_ROLES:
                 raise InvalidKnobs(why)
@@ -449,27 +453,13 @@ class Tuned(TunedBase):
 
     def knobs_effective(self) -> dict[str, Any]:
         """Every knob as the framework objects report it (read back, not echoed from the request)."""
-        out: dict[str, Any] = {}
         data = self.trial.data if self.trial is not None and self.trial.data is not None else self.fit_data
         if data is None and self.made:
             data = self.made[-1].dataset
-        if data is not None:
-            out.update(pipeline_knobs(describe_pipeline(data)), **options_knobs(data))
+        pipeline = {**pipeline_knobs(describe_pipeline(data)), **options_knobs(data)} if data is not None else None
         model = self.fit_model or (list(self.compiled.values())[-1].model if self.compiled else None)
-        if model is not None and getattr(model, "compiled", False):
-            out.update(accumulation_steps=K.accumulation(model.optimizer), jit_compile=bool(model.jit_compile),
-                       steps_per_execution=int(model.steps_per_execution))
-        out["mixed_precision"] = (model.dtype_policy.name if model is not None
-                                  else keras.mixed_precision.global_policy().name)
-        out["loop"] = "custom" if self.custom is not None else "fit"
-        threads = tf.config.threading.get_intra_op_parallelism_threads()
-        out["intra_op_threads"] = self.knobs["intra_op_threads"] and threads
-        out["tf32"] = self.gpu and bool(tf.config.experimental.tensor_float_32_execution_enabled())  # none on a CPU
-        out["xla_auto_clustering"] = K.auto_clustering_used(self.gpu)
-        out["gpu_thread_mode"] = K.thread_mode_used(self.gpu)
-        for name in self.not_exercised():
-            out.pop(name, None)
-        return out
+        trained = Trained(self.knobs, self.gpu, pipeline=pipeline, model=model, custom=self.custom is not None)
+        return SPACE.read_back(trained, self.not_exercised())
 
     def result(self) -> dict[str, Any]:
         """The trial's result (what the child writes): measurements, knobs read back, accuracy,
