@@ -38,7 +38,8 @@ def require_framework(framework: str) -> None:
 def probe(framework: str, workload: str | None = None, options: dict[str, Any] | None = None,
           script: str | None = None, args: tuple[str, ...] = (), placement: Partition | None = None) -> dict[str, Any]:
     """Fingerprint (and a description of the workload, or of the script run up to its first
-    batch, when one is given) from a child; on ``placement``, the fingerprint of that partition."""
+    batch, when one is given) from a child, as its result's JSON; on ``placement``, the
+    fingerprint of that partition."""
     require_framework(framework)
     request = Request(workload=workload, workload_options=options or {}, workdir=os.getcwd(), script=script,
                       args=tuple(args))

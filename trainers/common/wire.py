@@ -70,19 +70,9 @@ class Request:
     _WHEN_SET = ("target_accuracy", "input_variants", "progress_path", "guard", "sync_debug")
 
     def to_json(self) -> dict[str, Any]:
-        out: dict[str, Any] = {}
-        for f in fields(self):
-            value = getattr(self, f.name)
-            if f.name in self._WHEN_SET and value == f.default:
-                continue
-            if f.name == "seed":
-                out["burst"]["seed"] = value
-            elif f.name == "burst":
-                out["burst"] = value.to_json()
-            elif f.name == "args":
-                out["args"] = list(value)
-            else:
-                out[f.name] = value
+        out = {f.name: getattr(self, f.name) for f in fields(self)
+               if f.name != "seed" and not (f.name in self._WHEN_SET and getattr(self, f.name) == f.default)}
+        out.update(args=list(self.args), burst={**self.burst.to_json(), "seed": self.seed})
         return out
 
     @classmethod
