@@ -55,17 +55,18 @@ echo "== CUDA tests"
 timeout 240 "$PY" -m pytest -q -m cuda tests/test_cuda.py
 echo "== CUDA graphs with gradient accumulation (each must be refused as invalid, before training)"
 "$PY" - <<'PY'
-from knobtune.search.runner import run_child
+from knobtune.search.launch.runner import run_child
 from knobtune.spaces import for_framework
+from knobtune.trainers.common.wire import Burst, Request
 ctx = {"hardware": {"cuda": True, "bf16": True, "tf32": True, "usable_cores": 8}, "workload": {"batch_size": 64}}
 for mode in ("reduce-overhead", "max-autotune"):
     for k in (1, 2):
         knobs = {**for_framework("pytorch").defaults(ctx), "compile": mode, "accumulation_steps": k}
-        child = run_child("pytorch", "burst", {"workload": "digits-cnn", "knobs": knobs,
-                          "burst": {"train_samples": 4096, "warmup_samples": 1024, "windows": 4}}, 300)
-        report = (child.data.get("applied") or {}).get("compile_report") or {}
+        child = run_child("pytorch", "burst", Request(workload="digits-cnn", knobs=knobs,
+                          burst=Burst(train_samples=4096, warmup_samples=1024, windows=4)), 300)
+        report = (child.result.applied or {}).get("compile_report") or {}
         print(f"compile={mode:<15} accumulation_steps={k}: {child.outcome:<8} "
-              f"{child.data.get('samples_per_second', 0):>10,.0f} samples/s  replays={report.get('cudagraph_replays')} "
+              f"{child.result.samples_per_second or 0:>10,.0f} samples/s  replays={report.get('cudagraph_replays')} "
               f"skips={report.get('cudagraph_skips')}  {(child.failure or '').splitlines()[0] if child.failure else ''}")
 PY
 echo "== short digits-cnn study with the CUDA knobs"

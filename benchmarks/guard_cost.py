@@ -34,15 +34,16 @@ def main() -> int:
     parser.add_argument("--steps", type=int, default=300, help="training steps per round (default 300)")
     args = parser.parse_args()
 
+    from knobtune.trainers.common.wire import Burst, Request
     from knobtune.trainers.pytorch.tuned import LossGuard, for_request
     from knobtune.trainers.pytorch.workload import load
 
     total = args.rounds * args.steps + 200
-    burst = {"train_samples": total * KNOBS["batch_size"], "warmup_samples": 0, "windows": 1, "seed": 0}
+    burst = Burst(train_samples=total * KNOBS["batch_size"], warmup_samples=0, windows=1)
     workload = load("bench_workloads:fast_step")
     setups = {}
     for guard in (True, False):  # the same calls the built-in loop makes, through the integration API
-        kt = for_request({"knobs": KNOBS, "burst": burst, "guard": guard})
+        kt = for_request(Request(knobs=KNOBS, burst=burst, guard=guard))
         loader = kt.dataloader(workload.train_dataset, shuffle=True, collate_fn=workload.collate_fn)
         model = workload.build_model()
         trained, optimizer = kt.prepare(model, workload.build_optimizer(model.parameters()))

@@ -60,13 +60,15 @@ def production_rate(config: Path | None, epochs: int, interval: float, cwd: Path
 def burst_rate(best: dict, cwd: Path) -> float:
     """The winner measured again as its trials were: one burst of the script in a child process."""
     from knobtune.search.launch.runner import run_child
+    from knobtune.trainers.common.wire import Burst, Request
 
-    request = {"script": str(SCRIPT), "args": best.get("args") or [], "knobs": best["knobs"],
-               "burst": {**best["burst"], "seed": 0}, "workdir": str(cwd), "lr_scale": best.get("lr_scale") or 1.0}
+    burst = Burst.from_json({k: v for k, v in best["burst"].items() if k != "timeout_s"})  # (the study file's)
+    request = Request(script=str(SCRIPT), args=tuple(best.get("args") or ()), knobs=best["knobs"], burst=burst,
+                      workdir=str(cwd), lr_scale=best.get("lr_scale") or 1.0)
     child = run_child("pytorch", "burst", request, float(best["burst"].get("timeout_s") or 300))
     if child.outcome != "ok":
         sys.exit(f"the winner's burst ended {child.outcome}: {child.failure}")
-    return float(child.data["samples_per_second"])
+    return float(child.result.samples_per_second)  # type: ignore[arg-type]
 
 
 def main() -> int:

@@ -7,8 +7,9 @@ import pytest
 
 from knobtune.search.launch.runner import group_members, run_child
 from knobtune.spaces import for_framework
+from knobtune.trainers.common.wire import Burst, Request
 
-BURST = {"train_samples": 640, "warmup_samples": 64, "windows": 3, "seed": 0}
+BURST = Burst(train_samples=640, warmup_samples=64, windows=3)
 CPU_CTX = {"hardware": {"cuda": False, "bf16": True, "usable_cores": 2}, "workload": {"batch_size": 32}}
 
 
@@ -18,14 +19,14 @@ def knobs(**overrides: Any) -> dict[str, Any]:
 
 
 def burst(workload: str = "kt_test_workloads:tiny", timeout: float = 120, options=None, **overrides: Any):
-    request = {"workload": workload, "workload_options": options or {}, "knobs": knobs(**overrides), "burst": BURST}
+    request = Request(workload=workload, workload_options=options or {}, knobs=knobs(**overrides), burst=BURST)
     return run_child("pytorch", "burst", request, timeout)
 
 
 def test_baseline_burst_measures_and_evaluates():
     child = burst()
     assert child.outcome == "ok", child.failure
-    d = child.data
+    d = child.result.to_json()
     assert d["samples_per_second"] > 0 and len(d["window_rates"]) == 3
     assert 0 <= d["samples_per_second_cv"] < 5
     assert d["trained_samples"] == 640 and d["warmup_seconds"] > 0
@@ -38,7 +39,7 @@ def test_knobs_are_really_applied():
     child = burst(batch_size=16, accumulation_steps=2, num_workers=1, prefetch_factor=4,
                   persistent_workers=True, amp="bf16", intra_op_threads=1)
     assert child.outcome == "ok", child.failure
-    d = child.data
+    d = child.result.to_json()
     assert d["loader"] == {"batch_size": 16, "num_workers": 1, "pin_memory": False, "prefetch_factor": 4,
                            "persistent_workers": True, "drop_last": True}
     assert d["applied"]["autocast_dtype"] == "bfloat16" and d["applied"]["grad_scaler"] is False
@@ -62,9 +63,9 @@ def test_batch_larger_than_the_data_is_invalid():
 def test_nan_is_caught_with_its_step():
     child = burst("kt_test_workloads:diverge", options={"after": 7})
     assert child.outcome == "nan", child.failure
-    assert child.data["nan_step"] == 7
+    assert child.result.nan_step == 7
     assert "non-finite at step 7" in child.failure
-    assert "val_accuracy" not in child.data
+    assert child.result.val_accuracy is None
 
 
 def test_abort_is_a_crash_with_the_output_tail():
@@ -101,8 +102,8 @@ def test_compile_reports_what_dynamo_really_did():
     # a model with a graph break in forward: compiled, in two graphs, and the report says why
     child = burst("kt_test_workloads:graph_break", compile="default", timeout=300)
     assert child.outcome == "ok", child.failure
-    report = child.data["applied"]["compile_report"]
-    assert child.data["applied"]["compiled"] is True and child.data["knobs_effective"]["compile"] == "default"
+    report = child.result.applied["compile_report"]
+    assert child.result.applied["compiled"] is True and child.result.knobs_effective["compile"] == "default"
     assert report["graphs"] >= 2 and report["graph_breaks"] >= 1 and report["eager_fallback"] is False
     assert report["break_reasons"] and "graph break" in report["note"]
     assert report["recompiles"] == 0  # drop_last: every step has the same shape

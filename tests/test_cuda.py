@@ -8,18 +8,19 @@ import pytest
 
 from knobtune.search.launch.runner import run_child
 from knobtune.spaces import for_framework
+from knobtune.trainers.common.wire import Burst, Request
 
 # (the server tests read the pids of the servers this process started itself)
 pytestmark = [pytest.mark.cuda, pytest.mark.usefixtures("private_fork_servers")]
 
-BURST = {"train_samples": 2048, "warmup_samples": 256, "windows": 4, "seed": 0}
+BURST = Burst(train_samples=2048, warmup_samples=256, windows=4)
 CTX = {"hardware": {"cuda": True, "bf16": True, "tf32": True, "usable_cores": 4}, "workload": {"batch_size": 64}}
 
 
 def burst(workload: str = "digits-cnn", timeout: float = 300, options: dict[str, Any] | None = None,
-          spec: dict[str, Any] | None = None, **overrides: Any):
+          spec: Burst | None = None, **overrides: Any):
     knobs = {**for_framework("pytorch").defaults(CTX), **overrides}
-    request = {"workload": workload, "workload_options": options or {}, "knobs": knobs, "burst": spec or BURST}
+    request = Request(workload=workload, workload_options=options or {}, knobs=knobs, burst=spec or BURST)
     return run_child("pytorch", "burst", request, timeout)
 
 
@@ -27,7 +28,7 @@ def strict_burst(**overrides: Any):
     """A burst whose windows run under torch.cuda.set_sync_debug_mode("error"): any host-device
     synchronisation inside a window raises, and the trial crashes."""
     knobs = {**for_framework("pytorch").defaults(CTX), **overrides}
-    request = {"workload": "digits-cnn", "knobs": knobs, "burst": BURST, "sync_debug": True}
+    request = Request(workload="digits-cnn", knobs=knobs, burst=BURST, sync_debug=True)
     return run_child("pytorch", "burst", request, 300)
 
 
@@ -35,15 +36,15 @@ def test_the_default_training_path_never_syncs_inside_a_window():
     # pinned host batches (a pageable host-to-device copy is synchronous by nature)
     child = strict_burst(pin_memory=True, num_workers=2, persistent_workers=True)
     assert child.outcome == "ok", child.failure
-    assert child.data["applied"]["per_step_sync"] is None and child.data["val_accuracy"] > 0.3
+    assert child.result.applied["per_step_sync"] is None and child.result.val_accuracy > 0.3
     # the memory headroom: the peak allocated on the device against the device's total memory
-    assert 0 < child.data["peak_memory_mb"] < child.data["memory_limit_mb"]
+    assert 0 < child.result.peak_memory_mb < child.result.memory_limit_mb
 
 
 def test_fp16_with_adam_steps_without_a_sync_through_the_fused_optimizer():
     child = strict_burst(amp="fp16", pin_memory=True, num_workers=2, persistent_workers=True)
     assert child.outcome == "ok", child.failure
-    applied = child.data["applied"]
+    applied = child.result.applied
     assert applied["grad_scaler"] is True and applied["fused_optimizer_for_grad_scaler"] is True
     assert applied["per_step_sync"] is None
 
@@ -53,18 +54,18 @@ def test_fp16_skips_are_counted_when_the_scale_overflows():
     # the step is skipped and the scale halves, until it fits; those skips must be counted
     child = burst("kt_test_workloads:loud", amp="fp16", options={"gain": 1e4})
     assert child.outcome == "ok", child.failure
-    assert child.data["amp_skipped_steps"] >= 1
+    assert child.result.amp_skipped_steps >= 1
     quiet = burst("kt_test_workloads:loud", amp="fp16", options={"gain": 1.0})
-    assert quiet.outcome == "ok" and quiet.data["amp_skipped_steps"] < child.data["amp_skipped_steps"]
+    assert quiet.outcome == "ok" and quiet.result.amp_skipped_steps < child.result.amp_skipped_steps
 
 
 def test_cuda_graphs_are_replayed_by_reduce_overhead():
     child = burst(compile="reduce-overhead", timeout=600)
     assert child.outcome == "ok", child.failure
-    report = child.data["applied"]["compile_report"]
-    assert report["cudagraph_skips"] == 0 and child.data["knobs_effective"]["compile"] == "reduce-overhead"
+    report = child.result.applied["compile_report"]
+    assert report["cudagraph_skips"] == 0 and child.result.knobs_effective["compile"] == "reduce-overhead"
     # every measured step after warm-up replays its recorded forward and backward graphs
-    measured_steps = sum(child.data["window_samples"]) // 64
+    measured_steps = sum(child.result.window_samples) // 64
     assert report["cudagraph_replays"] >= 2 * measured_steps
 
 
@@ -79,10 +80,10 @@ def test_cudnn_flags_pin_memory_and_channels_last_are_applied():
     child = burst(cudnn_benchmark=True, cudnn_deterministic=False, pin_memory=True, channels_last=True,
                   num_workers=2, persistent_workers=True)
     assert child.outcome == "ok", child.failure
-    eff = child.data["knobs_effective"]
+    eff = child.result.knobs_effective
     assert eff["cudnn_benchmark"] is True and eff["cudnn_deterministic"] is False
     assert eff["pin_memory"] is True and eff["channels_last"] is True
-    assert child.data["applied"]["device"] == "cuda"
+    assert child.result.applied["device"] == "cuda"
 
 
 def test_tf32_matmuls_change_the_arithmetic():
@@ -91,13 +92,13 @@ def test_tf32_matmuls_change_the_arithmetic():
     first, second = burst("digits-mlp", matmul_precision="highest"), burst("digits-mlp", matmul_precision="highest")
     tf32 = burst("digits-mlp", matmul_precision="high")
     assert first.outcome == second.outcome == tf32.outcome == "ok", (first.failure, tf32.failure)
-    assert tf32.data["knobs_effective"]["matmul_precision"] == "high"
-    assert first.data["final_loss"] == second.data["final_loss"] != tf32.data["final_loss"]
+    assert tf32.result.knobs_effective["matmul_precision"] == "high"
+    assert first.result.final_loss == second.result.final_loss != tf32.result.final_loss
 
 
 def test_probe_reports_the_gpu():
-    child = run_child("pytorch", "probe", {"workload": None}, 120)
-    fp = child.data["fingerprint"]
+    child = run_child("pytorch", "probe", Request(), 120)
+    fp = child.result.fingerprint
     assert fp["cuda_available"] is True and fp["gpus"] and fp["gpus"][0]["memory_mb"] > 0
     assert fp["cudnn_version"] and fp["hardware"]["fp16"] is True
 
@@ -128,8 +129,8 @@ def test_forked_children_each_set_up_cuda_and_cudnn_their_own_way():
     for benchmark, precision in ((True, "high"), (False, "highest"), (True, "highest")):
         child = burst(cudnn_benchmark=benchmark, matmul_precision=precision)
         assert child.outcome == "ok", child.failure
-        assert child.data["child_start"] == "forked"
-        applied = child.data["applied"]
+        assert child.result.child_start == "forked"
+        applied = child.result.applied
         seen.append((applied["cudnn_benchmark"], applied["matmul_precision"]))
     assert seen == [(True, "high"), (False, "highest"), (True, "highest")]
     servers = {s.proc.pid for k, s in forkserver._servers.items()
@@ -144,24 +145,24 @@ def test_expandable_segments_reach_the_cuda_caching_allocator():
     # read back from the allocator's own segments (torch.cuda.memory_snapshot: is_expandable)
     plain, expandable = burst(), burst(expandable_segments=True)
     assert plain.outcome == expandable.outcome == "ok", (plain.failure, expandable.failure)
-    assert plain.data["knobs_effective"]["expandable_segments"] is False
-    assert expandable.data["knobs_effective"]["expandable_segments"] is True
+    assert plain.result.knobs_effective["expandable_segments"] is False
+    assert expandable.result.knobs_effective["expandable_segments"] is True
 
 
 def test_optimizer_impl_fused_and_foreach_on_cuda():
     for impl in ("fused", "foreach"):
         child = burst(optimizer_impl=impl)
         assert child.outcome == "ok", child.failure
-        assert child.data["knobs_effective"]["optimizer_impl"] == impl and child.data["applied"]["optimizer"] == "Adam"
+        assert child.result.knobs_effective["optimizer_impl"] == impl and child.result.applied["optimizer"] == "Adam"
     # fp16 keeps the fused twin for GradScaler by default: no host read per step
     child = strict_burst(amp="fp16", pin_memory=True, num_workers=2, persistent_workers=True, optimizer_impl="fused")
     assert child.outcome == "ok", child.failure
-    assert child.data["applied"]["per_step_sync"] is None and child.data["knobs_effective"]["optimizer_impl"] == "fused"
+    assert child.result.applied["per_step_sync"] is None and child.result.knobs_effective["optimizer_impl"] == "fused"
 
 
 def test_probe_offers_the_new_cuda_knobs():
-    child = run_child("pytorch", "probe", {"workload": "digits-cnn"}, 120)
-    ctx = {"hardware": child.data["fingerprint"]["hardware"], "workload": child.data["workload"]}
+    child = run_child("pytorch", "probe", Request(workload="digits-cnn"), 120)
+    ctx = {"hardware": child.result.fingerprint["hardware"], "workload": child.result.workload}
     offer = for_framework("pytorch").offer(ctx, {}, {})
     assert offer.choices["expandable_segments"] == [False, True]
     assert offer.choices["optimizer_impl"] == ["default", "foreach", "fused"]

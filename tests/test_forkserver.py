@@ -19,19 +19,20 @@ import pytest
 from knobtune.search.launch import forkserver
 from knobtune.search.launch.runner import group_members, run_child
 from knobtune.spaces import for_framework
+from knobtune.trainers.common.wire import Burst, Request
 
 # these tests are about the servers a process starts itself (or read their pids)
 pytestmark = pytest.mark.usefixtures("private_fork_servers")
 
 ROOT = Path(__file__).resolve().parent.parent
-BURST = {"train_samples": 640, "warmup_samples": 64, "windows": 3, "seed": 0}
+BURST = Burst(train_samples=640, warmup_samples=64, windows=3)
 CPU_CTX = {"hardware": {"cuda": False, "bf16": True, "usable_cores": 2}, "workload": {"batch_size": 32}}
 
 
 def burst(framework: str = "pytorch", workload: str = "kt_test_workloads:tiny", timeout: float = 120,
           options: dict[str, Any] | None = None, **overrides: Any):
     knobs = {**for_framework(framework).defaults(CPU_CTX), **overrides}
-    request = {"workload": workload, "workload_options": options or {}, "knobs": knobs, "burst": BURST}
+    request = Request(workload=workload, workload_options=options or {}, knobs=knobs, burst=BURST)
     return run_child(framework, "burst", request, timeout)
 
 
@@ -54,8 +55,8 @@ def test_forked_children_each_see_their_own_knobs():
     for threads in (1, 2, 0, 1):
         child = burst(intra_op_threads=threads, num_workers=1 if threads == 2 else 0)
         assert child.outcome == "ok", child.failure
-        assert child.data["child_start"] == "forked"
-        readings.append((child.data["applied"]["torch_threads"], child.data["loader"]["num_workers"]))
+        assert child.result.child_start == "forked"
+        readings.append((child.result.applied["torch_threads"], child.result.loader["num_workers"]))
     # 0 is torch's own default, one thread per usable core: nothing of the earlier children leaks
     assert readings == [(1, 0), (2, 1), (len(os.sched_getaffinity(0)), 0), (1, 0)]
     assert len(server_pids("pytorch")) == 1
@@ -75,8 +76,8 @@ def test_a_crash_a_hang_or_a_nan_leaves_the_next_forked_child_unaffected():
         assert failed.outcome == outcome and text in failed.failure, (failed.outcome, failed.failure)
         assert group_members(failed.pgid) == []  # its DataLoader workers went with it
         after = burst()
-        assert after.outcome == "ok" and after.data["child_start"] == "forked", after.failure
-        assert after.data["val_accuracy"] is not None and after.data["applied"]["torch_threads"] > 0
+        assert after.outcome == "ok" and after.result.child_start == "forked", after.failure
+        assert after.result.val_accuracy is not None and after.result.applied["torch_threads"] > 0
     assert server_pids("pytorch") == servers  # one server saw all of it
 
 
@@ -95,7 +96,7 @@ def test_a_dead_server_takes_its_child_and_the_next_trial_gets_a_new_one():
     wait_for(lambda: not psutil.pid_exists(child) or psutil.Process(child).status() == psutil.STATUS_ZOMBIE, 10,
              "the child to die with its server")
     after = burst()
-    assert after.outcome == "ok" and after.data["child_start"] == "forked"
+    assert after.outcome == "ok" and after.result.child_start == "forked"
     assert server_pids("pytorch") and old not in server_pids("pytorch")
 
 
@@ -104,9 +105,9 @@ import sys
 sys.path.insert(0, {root!r})
 from knobtune.search.launch.runner import run_child
 from knobtune.spaces import for_framework
+from knobtune.trainers.common.wire import Burst, Request
 knobs = for_framework("pytorch").defaults({ctx!r})
-run_child("pytorch", "burst", {{"workload": "kt_test_workloads:sleepy", "workload_options": {{}}, "knobs": knobs,
-          "burst": {burst!r}}}, 120)
+run_child("pytorch", "burst", Request(workload="kt_test_workloads:sleepy", knobs=knobs, burst={burst!r}), 120)
 """
 
 
@@ -133,8 +134,8 @@ def test_a_killed_parent_leaves_neither_server_nor_child(tmp_path: Path):
 def test_the_switch_off_starts_fresh_processes(monkeypatch: pytest.MonkeyPatch):
     monkeypatch.setenv(forkserver.ENV_SWITCH, "0")
     child = burst(intra_op_threads=1)
-    assert child.outcome == "ok" and child.data["child_start"] == "fresh"
-    assert child.data["applied"]["torch_threads"] == 1
+    assert child.outcome == "ok" and child.result.child_start == "fresh"
+    assert child.result.applied["torch_threads"] == 1
 
 
 @pytest.mark.tensorflow
@@ -144,8 +145,8 @@ def test_forked_tensorflow_children_each_see_their_own_threads():
         child = burst("tensorflow", "kt_tf_workloads:tiny", timeout=180, intra_op_threads=threads,
                       map_parallel_calls=2)
         assert child.outcome == "ok", child.failure
-        assert child.data["child_start"] == "forked"
-        seen.append(child.data["knobs_effective"]["intra_op_threads"])
+        assert child.result.child_start == "forked"
+        seen.append(child.result.knobs_effective["intra_op_threads"])
     assert seen == [1, 2]
 
 
@@ -166,7 +167,7 @@ def test_a_shared_server_forks_for_other_processes_and_refuses_another_environme
                  60, "a child forked by the shared server")
         runner.join(120)
         (child,) = result
-        assert child.outcome == "ok" and child.data["child_start"] == "forked", child.failure
+        assert child.outcome == "ok" and child.result.child_start == "forked", child.failure
         assert not server_pids("pytorch")  # no private server was started
         # another environment (an import may have read it) is refused
         other = forkserver.SharedServer("pytorch", str(tmp_path / "pytorch.sock"),
@@ -177,8 +178,8 @@ def test_a_shared_server_forks_for_other_processes_and_refuses_another_environme
         forkserver.shutdown()
         os.sched_setaffinity(0, cores[:1])
         pinned = burst(intra_op_threads=0)
-        assert pinned.outcome == "ok" and pinned.data["child_start"] == "forked", pinned.failure
-        assert pinned.data["applied"]["torch_threads"] == 1  # torch's default: one thread per core it may use
+        assert pinned.outcome == "ok" and pinned.result.child_start == "forked", pinned.failure
+        assert pinned.result.applied["torch_threads"] == 1  # torch's default: one thread per core it may use
         assert len(server_pids("pytorch")) == 1
         assert "shared pytorch server is not used" in capfd.readouterr().err
     finally:

@@ -4,6 +4,7 @@ from __future__ import annotations
 import pytest
 
 from knobtune.search.launch.runner import run_child
+from knobtune.trainers.common.wire import Burst, Request
 
 from conftest import torch_cuda
 
@@ -12,20 +13,20 @@ ON_CUDA = torch_cuda()
 
 @pytest.mark.skipif(ON_CUDA, reason="checks the CPU-only gating")
 def test_probe_on_cpu_offers_no_cuda_knobs():
-    child = run_child("pytorch", "probe", {"workload": "digits-cnn"}, 120)
+    child = run_child("pytorch", "probe", Request(workload="digits-cnn"), 120)
     assert child.outcome != "crash", child.failure
-    hw = child.data["fingerprint"]["hardware"]
+    hw = child.result.fingerprint["hardware"]
     assert hw == {**hw, "device": "cpu", "cuda": False, "fp16": False}
-    assert child.data["workload"]["conv"] is True and child.data["workload"]["parameters"] > 100_000
+    assert child.result.workload["conv"] is True and child.result.workload["parameters"] > 100_000
     from knobtune.spaces import for_framework
 
-    offer = for_framework("pytorch").offer({"hardware": hw, "workload": child.data["workload"]}, {}, {})
+    offer = for_framework("pytorch").offer({"hardware": hw, "workload": child.result.workload}, {}, {})
     assert set(offer.unavailable) == {"pin_memory", "cudnn_benchmark", "cudnn_deterministic", "matmul_precision",
                                       "expandable_segments"}
     assert "CUDA" in offer.unavailable["expandable_segments"]
     assert "fp16" not in offer.choices["amp"] and "channels_last" in offer.choices
     # the probe stepped the workload's Adam with each implementation on this CPU (torch 2.13 has fused CPU Adam)
-    assert child.data["workload"]["optimizer"] == "Adam"
+    assert child.result.workload["optimizer"] == "Adam"
     assert offer.choices["optimizer_impl"] == ["default", "foreach", "fused"]
     assert offer.choices["dataloader_in_order"] == [True, False]
 
@@ -36,20 +37,20 @@ def test_cuda_only_values_are_refused_by_the_child_on_cpu():
 
     ctx = {"hardware": {"cuda": False, "bf16": True, "usable_cores": 2}, "workload": {"batch_size": 32}}
     knobs = {**for_framework("pytorch").defaults(ctx), "amp": "fp16"}
-    child = run_child("pytorch", "burst", {"workload": "kt_test_workloads:tiny", "knobs": knobs,
-                                           "burst": {"train_samples": 640, "warmup_samples": 64, "windows": 3}}, 120)
+    child = run_child("pytorch", "burst", Request(workload="kt_test_workloads:tiny", knobs=knobs,
+                                                  burst=Burst(train_samples=640, warmup_samples=64, windows=3)), 120)
     assert child.outcome == "invalid" and "needs CUDA" in child.failure
 
 
 @pytest.mark.tensorflow
 @pytest.mark.skipif(ON_CUDA, reason="checks the CPU-only gating")
 def test_tensorflow_probe_on_cpu_gates_the_gpu_thread_mode_off_and_says_why():
-    child = run_child("tensorflow", "probe", {"workload": "digits-mlp"}, 180)
+    child = run_child("tensorflow", "probe", Request(workload="digits-mlp"), 180)
     assert child.outcome != "crash", child.failure
-    hw = child.data["fingerprint"]["hardware"]
+    hw = child.result.fingerprint["hardware"]
     from knobtune.spaces import for_framework
 
-    offer = for_framework("tensorflow").offer({"hardware": hw, "workload": child.data["workload"]}, {}, {})
+    offer = for_framework("tensorflow").offer({"hardware": hw, "workload": child.result.workload}, {}, {})
     assert hw["gpu"] is False and "no GPU" in offer.unavailable["gpu_thread_mode"]
     assert "no GPU" in offer.unavailable["tf32"] and "gpu_thread_mode" not in offer.choices
     # the CPU can use the others: auto-clustering (with jit_compile off, the CPU's default) and the tf.data options

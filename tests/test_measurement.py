@@ -7,6 +7,7 @@ import json
 import os
 import subprocess
 import sys
+from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
@@ -14,21 +15,22 @@ import pytest
 
 from knobtune.search.launch.runner import run_child
 from knobtune.spaces import for_framework
+from knobtune.trainers.common.wire import Burst, Request
 
 from conftest import WORKLOADS, knobtune, study_file
 
 CPU_CTX = {"hardware": {"cuda": False, "bf16": True, "usable_cores": 2}, "workload": {"batch_size": 32}}
-BURST = {"train_samples": 640, "warmup_samples": 64, "windows": 3, "seed": 0}
+BURST = Burst(train_samples=640, warmup_samples=64, windows=3)
 
 
 def knobs(**overrides: Any) -> dict[str, Any]:
     return {**for_framework("pytorch").defaults(CPU_CTX), **overrides}
 
 
-def burst(workload: str, burst_spec: dict[str, Any] | None = None, timeout: float = 120, options=None,
+def burst(workload: str, burst_spec: Burst | None = None, timeout: float = 120, options=None,
           **overrides: Any):
-    request = {"workload": workload, "workload_options": options or {}, "knobs": knobs(**overrides),
-               "burst": burst_spec or BURST}
+    request = Request(workload=workload, workload_options=options or {}, knobs=knobs(**overrides),
+                      burst=burst_spec or BURST)
     return run_child("pytorch", "burst", request, timeout)
 
 
@@ -43,7 +45,7 @@ def inspect(command: str) -> dict[str, Any]:
 # prefetches 24 batches, so 48 batches (768 samples) pile up during a slow warm-up: more than the
 # windows that follow hold. Without the settle segment they would be trained at compute speed
 # (measured with a settle capped too early: 2,195 samples/s against 759).
-SLOW = {"train_samples": 64 + 100 * 16, "warmup_samples": 64, "windows": 3, "seed": 0}
+SLOW = Burst(train_samples=64 + 100 * 16, warmup_samples=64, windows=3)
 
 
 def test_read_ahead_piled_up_during_warm_up_is_not_measured():
@@ -52,9 +54,9 @@ def test_read_ahead_piled_up_during_warm_up_is_not_measured():
         child = burst("kt_test_workloads:slow_input", SLOW, options={"warmup_cost": warmup_cost}, batch_size=16,
                       num_workers=2, prefetch_factor=24, persistent_workers=True, intra_op_threads=1)
         assert child.outcome == "ok", child.failure
-        d = child.data
+        d = child.result.to_json()
         rates[warmup_cost] = d["samples_per_second"]
-        assert d["settle_samples"] > 0 and d["trained_samples"] == SLOW["train_samples"]
+        assert d["settle_samples"] > 0 and d["trained_samples"] == SLOW.train_samples
         if warmup_cost:  # the queue was full when warm-up ended; the settle segment emptied it
             assert d["warmup_seconds"] > warmup_cost and d["settle_drained"] is True
             assert d["settle_samples"] >= 24 * 16  # at least half the read-ahead was trained through
@@ -65,12 +67,12 @@ def test_read_ahead_piled_up_during_warm_up_is_not_measured():
 
 
 def test_short_windows_are_reported_with_the_burst_that_would_fix_them():
-    child = burst("kt_test_workloads:tiny", {**BURST, "min_window_seconds": 30.0})
+    child = burst("kt_test_workloads:tiny", replace(BURST, min_window_seconds=30.0))
     assert child.outcome == "ok", child.failure
-    short = child.data["short_windows"]
+    short = child.result.short_windows
     assert short["min_window_seconds"] == 30.0 and short["shortest_seconds"] < 30.0
-    assert short["suggested_train_samples"] > BURST["train_samples"]
-    assert "short_windows" not in burst("kt_test_workloads:tiny", {**BURST, "min_window_seconds": 0.0}).data
+    assert short["suggested_train_samples"] > BURST.train_samples
+    assert burst("kt_test_workloads:tiny", replace(BURST, min_window_seconds=0.0)).result.short_windows is None
 
 
 def test_the_nan_guard_adds_one_device_op_per_step():
@@ -93,15 +95,15 @@ def test_training_is_the_same_with_and_without_workers():
     workers = burst("kt_test_workloads:tiny", num_workers=2, persistent_workers=True)
     assert alone.outcome == workers.outcome == "ok", (alone.failure, workers.failure)
     # (final_loss is the last window's mean, and the windows differ: workers have a settle segment)
-    assert alone.data["trained_samples"] == workers.data["trained_samples"]
-    assert alone.data["val_accuracy"] == workers.data["val_accuracy"]
+    assert alone.result.trained_samples == workers.result.trained_samples
+    assert alone.result.val_accuracy == workers.result.val_accuracy
 
 
 def test_evaluation_runs_in_the_trials_batches():
     # the model refuses evaluation batches over 16: evaluating at a fixed 512 would crash
     child = burst("kt_test_workloads:eval_limit", options={"limit": 16}, batch_size=16)
     assert child.outcome == "ok", child.failure
-    assert child.data["applied"]["eval_batch_size"] == 16 and child.data["val_accuracy"] > 0
+    assert child.result.applied["eval_batch_size"] == 16 and child.result.val_accuracy > 0
 
 
 @pytest.mark.parametrize("where", ["eval", "build"])
@@ -126,8 +128,8 @@ def test_a_result_already_written_survives_a_slow_teardown():
 def test_channels_last_is_read_from_the_convolution_weights():
     child = burst("digits-cnn", channels_last=True, batch_size=32)
     assert child.outcome == "ok", child.failure
-    assert child.data["knobs_effective"]["channels_last"] is True
-    assert burst("digits-cnn", batch_size=32).data["knobs_effective"]["channels_last"] is False
+    assert child.result.knobs_effective["channels_last"] is True
+    assert burst("digits-cnn", batch_size=32).result.knobs_effective["channels_last"] is False
 
 
 def test_an_old_torch_is_one_clear_error(tmp_path: Path, monkeypatch: pytest.MonkeyPatch):
@@ -135,7 +137,7 @@ def test_an_old_torch_is_one_clear_error(tmp_path: Path, monkeypatch: pytest.Mon
     fake.mkdir()
     (fake / "__init__.py").write_text('__version__ = "2.3.1+cu121"\n')
     monkeypatch.setenv("PYTHONPATH", os.pathsep.join([str(tmp_path), os.environ.get("PYTHONPATH", "")]))
-    child = run_child("pytorch", "probe", {"workload": None}, 60)
+    child = run_child("pytorch", "probe", Request(), 60)
     assert child.outcome == "error"
     assert "torch 2.3.1+cu121 is too old" in child.failure and "torch>=2.5" in child.failure
     study = study_file(tmp_path, """

@@ -10,6 +10,7 @@ from knobtune.search.launch.runner import run_child
 from knobtune.spaces import for_framework
 from knobtune.trainers.common import idx
 from knobtune.trainers.common.errors import WorkloadError
+from knobtune.trainers.common.wire import Burst, Request
 
 CTX = {"hardware": {"cuda": False, "bf16": True, "usable_cores": 2}, "workload": {"batch_size": 64}}
 
@@ -39,15 +40,15 @@ def test_idx_round_trip_and_errors(tmp_path: Path):
 
 def test_mnist_mlp_burst_learns(tmp_path: Path):
     write_mnist(tmp_path)
-    request = {"workload": "mnist-mlp", "workload_options": {"data_dir": str(tmp_path)},
-               "knobs": for_framework("pytorch").defaults(CTX),
-               "burst": {"train_samples": 1280, "warmup_samples": 128, "windows": 3}}
+    request = Request(workload="mnist-mlp", workload_options={"data_dir": str(tmp_path)},
+                      knobs=for_framework("pytorch").defaults(CTX),
+                      burst=Burst(train_samples=1280, warmup_samples=128, windows=3))
     child = run_child("pytorch", "burst", request, 120)
     assert child.outcome == "ok", child.failure
-    assert child.data["val_accuracy"] > 0.5  # the column pattern is easy
+    assert child.result.val_accuracy > 0.5  # the column pattern is easy
 
 
 def test_missing_mnist_dir_is_a_workload_error(tmp_path: Path):
-    request = {"workload": "mnist-mlp", "workload_options": {"data_dir": str(tmp_path / "absent")}}
+    request = Request(workload="mnist-mlp", workload_options={"data_dir": str(tmp_path / "absent")})
     child = run_child("pytorch", "probe", request, 120)
     assert child.outcome == "error" and "is not a directory" in child.failure

@@ -15,10 +15,11 @@ import pytest
 from knobtune.search.launch.runner import run_child
 from knobtune.search.study.definition import from_dict
 from knobtune.spaces import for_framework
+from knobtune.trainers.common.wire import Burst, Request
 
 from recorded import DATA
 
-BURST = {"train_samples": 640, "warmup_samples": 64, "windows": 3, "seed": 0}
+BURST = Burst(train_samples=640, warmup_samples=64, windows=3)
 NEW = {"pytorch": ("optimizer_impl", "dataloader_in_order", "expandable_segments"),
        "tensorflow": ("xla_auto_clustering", "gpu_thread_mode", "map_parallelization", "private_threadpool_size")}
 # what this machine's probe reports beside the recorded studies' hardware (their fingerprints predate it)
@@ -32,9 +33,9 @@ def burst(framework: str, workload: str, keep: Path | None = None, **overrides: 
     knobs = {**for_framework(framework).defaults(ctx), **overrides}
     if keep is not None:
         keep.mkdir()
-    child = run_child(framework, "burst", {"workload": workload, "knobs": knobs, "burst": BURST}, 180, keep=keep)
+    child = run_child(framework, "burst", Request(workload=workload, knobs=knobs, burst=BURST), 180, keep=keep)
     assert child.outcome == "ok", child.failure
-    return child.data
+    return child.result.to_json()
 
 
 @pytest.mark.parametrize("name", ["mlp-pytorch", "demo-pytorch", "mlp-tensorflow"])
@@ -75,8 +76,8 @@ def test_pytorch_optimizer_impl_and_in_order_are_read_back_from_the_objects_buil
 def test_pytorch_optimizer_impl_the_optimizer_lacks_is_invalid_and_names_it():
     ctx = {"hardware": {"bf16": True, "usable_cores": 2}, "workload": {"batch_size": 32}}
     knobs = {**for_framework("pytorch").defaults(ctx), "optimizer_impl": "fused"}
-    child = run_child("pytorch", "burst", {"workload": "kt_test_workloads:rmsprop", "knobs": knobs,
-                                           "burst": BURST}, 120)
+    child = run_child("pytorch", "burst", Request(workload="kt_test_workloads:rmsprop", knobs=knobs,
+                                                  burst=BURST), 120)
     assert child.outcome == "invalid" and "RMSprop has no fused implementation" in child.failure
 
 

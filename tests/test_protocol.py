@@ -6,12 +6,13 @@ import math
 import pytest
 
 from knobtune.trainers.common.errors import InvalidKnobs
-from knobtune.trainers.common.protocol import BurstSpec, GuardReading, drive, make_schedule
+from knobtune.trainers.common.protocol import GuardReading, drive, make_schedule
+from knobtune.trainers.common.wire import Burst
 
 
 @pytest.mark.parametrize("batch, accum", [(32, 1), (64, 1), (64, 2), (100, 4), (512, 1), (7, 3)])
 def test_schedule_covers_the_samples_in_equal_aligned_windows(batch: int, accum: int):
-    spec = BurstSpec(train_samples=12000, warmup_samples=2000, windows=5)
+    spec = Burst(train_samples=12000, warmup_samples=2000, windows=5)
     s = make_schedule(spec, batch, accum)
     assert s.total_steps * batch >= spec.train_samples > (s.total_steps - 1) * batch
     assert s.warmup_steps * batch >= spec.warmup_samples
@@ -25,7 +26,7 @@ def test_schedule_covers_the_samples_in_equal_aligned_windows(batch: int, accum:
 
 @pytest.mark.parametrize("batch, accum, execution", [(64, 1, 4), (64, 2, 3), (32, 4, 8), (100, 1, 16)])
 def test_boundaries_fall_on_executions(batch: int, accum: int, execution: int):
-    spec = BurstSpec(train_samples=12000, warmup_samples=2000, windows=5)
+    spec = Burst(train_samples=12000, warmup_samples=2000, windows=5)
     s = make_schedule(spec, batch, accum, execution)
     assert s.total_steps % execution == 0
     assert all(b % execution == 0 for b in s.boundaries)
@@ -33,7 +34,7 @@ def test_boundaries_fall_on_executions(batch: int, accum: int, execution: int):
 
 
 def test_drive_runs_whole_executions():
-    spec = BurstSpec(train_samples=1600, warmup_samples=400, windows=3)
+    spec = Burst(train_samples=1600, warmup_samples=400, windows=3)
     schedule = make_schedule(spec, 100, 1, 4)  # 16 steps: warm-up 4, then windows of 4
     calls = []
 
@@ -48,7 +49,7 @@ def test_drive_runs_whole_executions():
 
 def test_burst_too_short_is_invalid():
     with pytest.raises(InvalidKnobs, match="burst too short"):
-        make_schedule(BurstSpec(train_samples=1000, warmup_samples=500, windows=5), 256)
+        make_schedule(Burst(train_samples=1000, warmup_samples=500, windows=5), 256)
 
 
 class FakeClock:
@@ -61,7 +62,7 @@ class FakeClock:
 
 def test_drive_times_windows_and_takes_the_median():
     clock = FakeClock()
-    spec = BurstSpec(train_samples=1000, warmup_samples=200, windows=4)
+    spec = Burst(train_samples=1000, warmup_samples=200, windows=4)
     schedule = make_schedule(spec, 100)  # 10 steps: 2 warm-up, 4 windows of 2
     costs = iter([5.0, 5.0] + [1.0, 1.0] + [2.0, 2.0] + [1.0, 1.0] + [1.0, 3.0])
 
@@ -87,7 +88,7 @@ def test_drive_times_windows_and_takes_the_median():
 
 
 def test_drive_stops_at_the_boundary_after_a_non_finite_loss():
-    schedule = make_schedule(BurstSpec(train_samples=1000, warmup_samples=200, windows=4), 100)
+    schedule = make_schedule(Burst(train_samples=1000, warmup_samples=200, windows=4), 100)
     state = {"bad": None}
 
     def step(first: int, count: int) -> int:
@@ -114,7 +115,7 @@ def _drive(schedule, drained=None, clock=None):
 
 
 def test_settle_trains_through_the_read_ahead_until_the_pipeline_is_drained():
-    spec = BurstSpec(train_samples=4000, warmup_samples=400, windows=3)
+    spec = Burst(train_samples=4000, warmup_samples=400, windows=3)
     schedule = make_schedule(spec, 100, read_ahead=6)  # 40 steps: warm-up 4, then settle, then windows
     assert (schedule.read_ahead, schedule.settle_max) == (6, 12)
     answers = iter([False, False, True])  # drained after the third settle step
@@ -127,19 +128,19 @@ def test_settle_trains_through_the_read_ahead_until_the_pipeline_is_drained():
 
 
 def test_settle_without_a_drain_signal_takes_the_read_ahead():
-    schedule = make_schedule(BurstSpec(train_samples=4000, warmup_samples=400, windows=3), 100, read_ahead=6)
+    schedule = make_schedule(Burst(train_samples=4000, warmup_samples=400, windows=3), 100, read_ahead=6)
     record = _drive(schedule, drained=lambda: None)
     assert record.settle_samples == 600 and record.settle_drained is None and record.unsettled is None
     assert "settle_drained" not in record.measurement()
 
 
 def test_a_pipeline_never_drained_stops_at_twice_its_read_ahead():
-    schedule = make_schedule(BurstSpec(train_samples=4000, warmup_samples=400, windows=3), 100, read_ahead=6)
+    schedule = make_schedule(Burst(train_samples=4000, warmup_samples=400, windows=3), 100, read_ahead=6)
     record = _drive(schedule, drained=lambda: False, clock=FakeClock())
     # (it nearly keeps up with the training: what is left barely inflates the windows)
     assert record.settle_samples == 1200 and record.settle_drained is False and record.unsettled is None
     # a burst with no room for twice the read-ahead says so, with the train_samples that has room
-    schedule = make_schedule(BurstSpec(train_samples=2000, warmup_samples=400, windows=3), 100, read_ahead=6)
+    schedule = make_schedule(Burst(train_samples=2000, warmup_samples=400, windows=3), 100, read_ahead=6)
     record = _drive(schedule, drained=lambda: False, clock=FakeClock())
     unsettled = record.measurement()["unsettled"]
     assert unsettled["read_ahead_batches"] == 6 and unsettled["settled_batches"] == schedule.settle_max < 12
@@ -147,7 +148,7 @@ def test_a_pipeline_never_drained_stops_at_twice_its_read_ahead():
 
 
 def test_a_read_ahead_larger_than_the_burst_leaves_two_steps_per_window_and_is_reported():
-    schedule = make_schedule(BurstSpec(train_samples=2000, warmup_samples=400, windows=3), 100, read_ahead=50)
+    schedule = make_schedule(Burst(train_samples=2000, warmup_samples=400, windows=3), 100, read_ahead=50)
     assert schedule.settle_max == 20 - 4 - 3 * 2  # each window keeps two steps
     record = _drive(schedule, drained=lambda: None, clock=FakeClock())
     assert [s for s, _ in record.windows] == [200, 200, 200]
@@ -156,7 +157,7 @@ def test_a_read_ahead_larger_than_the_burst_leaves_two_steps_per_window_and_is_r
 
 @pytest.mark.parametrize("accum, execution", [(2, 1), (1, 4), (2, 3)])
 def test_settle_ends_on_optimizer_steps_and_executions(accum: int, execution: int):
-    schedule = make_schedule(BurstSpec(train_samples=9600, warmup_samples=800, windows=3), 100, accum, execution,
+    schedule = make_schedule(Burst(train_samples=9600, warmup_samples=800, windows=3), 100, accum, execution,
                              read_ahead=5)
     answers = iter([False, True, True, True])
     record = _drive(schedule, drained=lambda: next(answers, True), clock=FakeClock())
@@ -166,6 +167,6 @@ def test_settle_ends_on_optimizer_steps_and_executions(accum: int, execution: in
 
 
 def test_no_warm_up_settles_from_the_first_step():
-    schedule = make_schedule(BurstSpec(train_samples=2000, warmup_samples=0, windows=2), 100, read_ahead=2)
+    schedule = make_schedule(Burst(train_samples=2000, warmup_samples=0, windows=2), 100, read_ahead=2)
     record = _drive(schedule, drained=lambda: None, clock=FakeClock())
     assert record.warmup_samples == 0 and record.settle_samples == 200 and len(record.windows) == 2

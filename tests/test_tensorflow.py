@@ -11,11 +11,12 @@ import pytest
 from knobtune.search.errors import UserError
 from knobtune.search.launch.runner import run_child
 from knobtune.spaces import for_framework
+from knobtune.trainers.common.wire import Burst, Request
 
 from conftest import FAST, TINY_BURST, knobtune, study_file
 
 pytestmark = pytest.mark.tensorflow
-BURST = {"train_samples": 640, "warmup_samples": 64, "windows": 3, "seed": 0}
+BURST = Burst(train_samples=640, warmup_samples=64, windows=3)
 CTX = {"hardware": {"gpu": False, "bf16": True, "usable_cores": 2}, "workload": {"batch_size": 32}}
 
 
@@ -24,15 +25,15 @@ def knobs(**overrides: Any) -> dict[str, Any]:
 
 
 def burst(workload: str = "kt_tf_workloads:tiny", timeout: float = 180, options=None, spec=None, **overrides: Any):
-    request = {"workload": workload, "workload_options": options or {}, "knobs": knobs(**overrides),
-               "burst": spec or BURST}
+    request = Request(workload=workload, workload_options=options or {}, knobs=knobs(**overrides),
+                      burst=spec or BURST)
     return run_child("tensorflow", "burst", request, timeout)
 
 
 def test_baseline_pipeline_is_what_a_newcomer_writes():
     child = burst()
     assert child.outcome == "ok", child.failure
-    d = child.data
+    d = child.result.to_json()
     ops = [e["op"] for e in d["pipeline"]]
     assert ops == ["BatchDataset", "RepeatDataset", "ShuffleDataset", "MapDataset", "MapDataset",
                    "InterleaveDataset", "TensorSliceDataset"]  # sequential, no prefetch, no cache
@@ -45,7 +46,7 @@ def test_pipeline_and_model_knobs_are_really_applied():
                   deterministic=False, cache=True, jit_compile=True, mixed_precision="mixed_bfloat16",
                   steps_per_execution=4, accumulation_steps=2, batch_size=16, intra_op_threads=1)
     assert child.outcome == "ok", child.failure
-    d = child.data
+    d = child.result.to_json()
     ops = {e["op"]: e for e in d["pipeline"]}
     assert ops["PrefetchDataset"]["buffer_size"] == -1  # AUTOTUNE, last
     assert d["pipeline"][0]["op"] == "PrefetchDataset"
@@ -66,15 +67,15 @@ def test_pipeline_and_model_knobs_are_really_applied():
 def test_custom_loop_under_tf_function():
     child = burst(loop="custom", steps_per_execution=2, jit_compile=True, prefetch=2)
     assert child.outcome == "ok", child.failure
-    assert child.data["knobs_effective"]["loop"] == "custom" and child.data["applied"]["jit_compile"] is True
-    assert child.data["amp_skipped_steps"] == 0
+    assert child.result.knobs_effective["loop"] == "custom" and child.result.applied["jit_compile"] is True
+    assert child.result.amp_skipped_steps == 0
 
 
 @pytest.mark.parametrize("loop", ["fit", "custom"])
 def test_nan_is_caught_with_its_step(loop: str):
     child = burst("kt_tf_workloads:diverge", options={"after": 6}, loop=loop)
     assert child.outcome == "nan", child.failure
-    assert child.data["nan_step"] == 6 and "non-finite at step 6" in child.failure
+    assert child.result.nan_step == 6 and "non-finite at step 6" in child.failure
 
 
 def test_a_combination_tensorflow_rejects_is_invalid_and_says_which():
@@ -86,32 +87,32 @@ def test_a_combination_tensorflow_rejects_is_invalid_and_says_which():
 def test_prefetched_batches_piled_up_during_warm_up_are_not_measured():
     # parsing sleeps 2 ms a record on 2 parallel calls (about 1,000 samples/s); prefetch holds 32
     # batches of 16, which fill during a 3 s first step: the settle segment trains through them
-    spec = {"train_samples": 64 + 100 * 16, "warmup_samples": 64, "windows": 3, "seed": 0}
+    spec = Burst(train_samples=64 + 100 * 16, warmup_samples=64, windows=3)
     rates = {}
     for warmup_cost in (0.0, 3.0):
         child = burst("kt_tf_workloads:slow_input", spec=spec, options={"warmup_cost": warmup_cost}, batch_size=16,
                       map_parallel_calls=2, prefetch=32)
         assert child.outcome == "ok", child.failure
-        d = child.data
+        d = child.result.to_json()
         rates[warmup_cost] = d["samples_per_second"]
-        assert d["settle_samples"] >= 32 * 16 and d["trained_samples"] == spec["train_samples"]
+        assert d["settle_samples"] >= 32 * 16 and d["trained_samples"] == spec.train_samples
         assert "settle_drained" not in d  # tf.data cannot say how full its buffers are
     assert 0.6 < rates[3.0] / rates[0.0] < 1.6, rates
 
 
 def test_shuffle_buffer_is_bounded_and_records_come_from_the_request():
     # the probe counted 320 records once for the study; the trial takes that count from its request
-    child = run_child("tensorflow", "burst", {"workload": "kt_tf_workloads:bounded_shuffle", "knobs": knobs(),
-                                              "burst": BURST, "train_records": 320}, 180)
+    child = run_child("tensorflow", "burst", Request(workload="kt_tf_workloads:bounded_shuffle", knobs=knobs(),
+                                                      burst=BURST, train_records=320), 180)
     assert child.outcome == "ok", child.failure
-    shuffle = [e for e in child.data["pipeline"] if e["op"] == "ShuffleDataset"][0]
-    assert shuffle["buffer_size"] == 100 == child.data["applied"]["shuffle_buffer"]
-    child = run_child("tensorflow", "burst", {"workload": "kt_tf_workloads:bounded_shuffle", "knobs": knobs(),
-                                              "burst": BURST, "train_records": 50,
-                                              "workload_options": {"shuffle_buffer": 1000}}, 180)
+    shuffle = [e for e in child.result.pipeline if e["op"] == "ShuffleDataset"][0]
+    assert shuffle["buffer_size"] == 100 == child.result.applied["shuffle_buffer"]
+    child = run_child("tensorflow", "burst", Request(workload="kt_tf_workloads:bounded_shuffle", knobs=knobs(),
+                                                      burst=BURST, train_records=50,
+                                                      workload_options={"shuffle_buffer": 1000}), 180)
     assert child.outcome == "ok", child.failure
-    assert child.data["applied"]["shuffle_buffer"] == 50  # the request's count, not a recount (320)
-    assert child.data["applied"]["eval_batch_size"] == 32 and child.data["applied"]["tf32"] is False
+    assert child.result.applied["shuffle_buffer"] == 50  # the request's count, not a recount (320)
+    assert child.result.applied["eval_batch_size"] == 32 and child.result.applied["tf32"] is False
 
 
 def test_out_of_memory_in_evaluation_is_oom():
@@ -174,7 +175,7 @@ def test_a_tensorflow_study_through_the_cli(tmp_path: Path):
     knobtune("export", "tiny-tf", "-o", "best.json", cwd=tmp_path, check=0)
 
 
-PARITY_BURST = {"train_samples": 4000, "warmup_samples": 400, "windows": 3, "seed": 0}
+PARITY_BURST = Burst(train_samples=4000, warmup_samples=400, windows=3)
 
 
 @pytest.mark.parametrize("workload", ["digits-mlp", "digits-cnn"])
@@ -182,9 +183,9 @@ def test_parity_with_pytorch(workload: str):
     """Same workload, baseline knobs: the same parameter count, comparable accuracy."""
     described = {}
     for framework in ("pytorch", "tensorflow"):
-        child = run_child(framework, "probe", {"workload": workload}, 300)
+        child = run_child(framework, "probe", Request(workload=workload), 300)
         assert child.outcome == "ok", child.failure
-        described[framework] = child.data["workload"]
+        described[framework] = child.result.workload
     assert described["pytorch"]["parameters"] == described["tensorflow"]["parameters"]
     assert described["pytorch"]["train_samples"] == described["tensorflow"]["train_samples"] == 1437
     assert described["pytorch"]["eval_samples"] == described["tensorflow"]["eval_samples"] == 360
@@ -194,10 +195,10 @@ def test_parity_with_pytorch(workload: str):
     for framework, ctx in (("pytorch", {"hardware": {"cuda": False, "bf16": True, "usable_cores": 2},
                                         "workload": {"batch_size": 64}}),
                            ("tensorflow", {**CTX, "workload": {"batch_size": 64}})):
-        request = {"workload": workload, "knobs": for_framework(framework).defaults(ctx), "burst": PARITY_BURST}
+        request = Request(workload=workload, knobs=for_framework(framework).defaults(ctx), burst=PARITY_BURST)
         child = run_child(framework, "burst", request, 300)
         assert child.outcome == "ok", child.failure
-        accuracy[framework] = child.data["val_accuracy"]
+        accuracy[framework] = child.result.val_accuracy
     assert min(accuracy.values()) > 0.8
     assert abs(accuracy["pytorch"] - accuracy["tensorflow"]) < 0.05, accuracy
 

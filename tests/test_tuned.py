@@ -6,11 +6,14 @@ from __future__ import annotations
 import json
 import subprocess
 import sys
+from dataclasses import replace
 from functools import partial
 from pathlib import Path
 
 import optuna
 import pytest
+
+from knobtune.trainers.common.wire import Burst, Request
 
 import conftest
 from conftest import FAST, WORKLOADS, knobtune, printed_json, script_study, stored
@@ -175,30 +178,30 @@ def test_knobs_the_script_never_exercises_are_not_applied_nor_searched(tmp_path:
 def test_nan_guard_stops_a_script_whose_loss_goes_non_finite(tmp_path: Path):
     from knobtune.search.launch.runner import run_child
 
-    request = {"script": str(SCRIPT), "args": ["--nan-after", "5", "--epochs", "50"],
-               "knobs": {"batch_size": 32}, "burst": {"train_samples": 640, "warmup_samples": 64, "windows": 3}}
+    request = Request(script=str(SCRIPT), args=("--nan-after", "5", "--epochs", "50"), knobs={"batch_size": 32},
+                      burst=Burst(train_samples=640, warmup_samples=64, windows=3))
     child = run_child("pytorch", "burst", request, 120)
     assert child.outcome == "nan", child.failure
-    assert child.data["nan_step"] == 5 and "non-finite at step 5" in child.failure
+    assert child.result.nan_step == 5 and "non-finite at step 5" in child.failure
     # the burst stopped at the next boundary and the script's remaining 50 epochs were not trained
-    assert child.data["trained_samples"] < 640
+    assert child.result.trained_samples < 640
 
 
 def test_dict_batches_are_counted_by_their_batch_dimension():
     from knobtune.search.launch.runner import run_child
 
-    request = {"script": str(SCRIPT), "args": ["--dict"], "knobs": {"batch_size": 16},
-               "burst": {"train_samples": 320, "warmup_samples": 32, "windows": 2}}
+    request = Request(script=str(SCRIPT), args=("--dict",), knobs={"batch_size": 16},
+                      burst=Burst(train_samples=320, warmup_samples=32, windows=2))
     child = run_child("pytorch", "burst", request, 120)
     assert child.outcome == "ok", child.failure
-    assert child.data["trained_samples"] == 320 and child.data["loader"]["batch_size"] == 16
+    assert child.result.trained_samples == 320 and child.result.loader["batch_size"] == 16
 
 
 def test_a_workload_yielding_dict_batches_is_refused_in_one_line(tmp_path: Path):
     from knobtune.search.launch.runner import run_child
 
-    request = {"workload": "kt_test_workloads:dict_batches", "knobs": {"batch_size": 16},
-               "burst": {"train_samples": 320, "warmup_samples": 32, "windows": 2}}
+    request = Request(workload="kt_test_workloads:dict_batches", knobs={"batch_size": 16},
+                      burst=Burst(train_samples=320, warmup_samples=32, windows=2))
     child = run_child("pytorch", "burst", request, 120)
     assert child.outcome == "error"
     assert "yields dict batches (keys pixels, label)" in child.failure and "[study] script" in child.failure
@@ -319,12 +322,12 @@ print(compilations())
 def test_time_to_accuracy_evaluates_between_windows_through_the_script():
     from knobtune.search.launch.runner import run_child
 
-    request = {"script": str(SCRIPT), "knobs": {"batch_size": 32}, "target_accuracy": 0.3,
-               "burst": {"train_samples": 1280, "warmup_samples": 64, "windows": 10}}
-    child = run_child("pytorch", "burst", {**request, "args": ["--evaluate"]}, 120)
+    request = Request(script=str(SCRIPT), knobs={"batch_size": 32}, target_accuracy=0.3,
+                      burst=Burst(train_samples=1280, warmup_samples=64, windows=10))
+    child = run_child("pytorch", "burst", replace(request, args=("--evaluate",)), 120)
     assert child.outcome == "ok", child.failure
-    assert child.data["target_reached"] is True and child.data["evaluations"]
-    assert len(child.data["evaluations"]) < 10  # it stopped at the target
+    assert child.result.target_reached is True and child.result.evaluations
+    assert len(child.result.evaluations) < 10  # it stopped at the target
     child = run_child("pytorch", "burst", request, 120)
     assert child.outcome == "invalid" and "kt.batches(loader, evaluate=fn)" in child.failure
 

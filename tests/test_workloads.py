@@ -2,6 +2,7 @@
 both frameworks, models that learn, knobs that reach what they are for, options checked."""
 from __future__ import annotations
 
+from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
@@ -12,17 +13,18 @@ from knobtune.search.launch.runner import run_child
 from knobtune.spaces import for_framework
 from knobtune.trainers.common import text
 from knobtune.trainers.common.errors import WorkloadError
+from knobtune.trainers.common.wire import Burst, Request
 
 CTX = {"hardware": {"cuda": False, "gpu": False, "bf16": True, "usable_cores": 2}, "workload": {"batch_size": 32}}
-LEARN_BURST = {"train_samples": 3000, "warmup_samples": 600, "windows": 3, "seed": 0}
-SHORT_BURST = {"train_samples": 256, "warmup_samples": 64, "windows": 2, "seed": 0}
+LEARN_BURST = Burst(train_samples=3000, warmup_samples=600, windows=3)
+SHORT_BURST = Burst(train_samples=256, warmup_samples=64, windows=2)
 
 
-def child(framework: str, command: str, workload: str, burst: dict[str, Any] | None = None,
+def child(framework: str, command: str, workload: str, burst: Burst | None = None,
           options: dict[str, Any] | None = None, **knobs: Any):
-    request: dict[str, Any] = {"workload": workload, "workload_options": options or {}}
+    request = Request(workload=workload, workload_options=options or {})
     if command == "burst":
-        request |= {"knobs": {**for_framework(framework).defaults(CTX), **knobs}, "burst": burst or SHORT_BURST}
+        request = replace(request, knobs={**for_framework(framework).defaults(CTX), **knobs}, burst=burst or SHORT_BURST)
     return run_child(framework, command, request, 300)
 
 
@@ -57,7 +59,7 @@ def test_same_model_and_data_in_both_frameworks(workload: str):
     for framework in ("pytorch", "tensorflow"):
         probe = child(framework, "probe", workload)
         assert probe.outcome == "ok", probe.failure
-        described[framework] = probe.data["workload"]
+        described[framework] = probe.result.workload
     torch_side, tf_side = described["pytorch"], described["tensorflow"]
     assert torch_side["parameters"] == tf_side["parameters"] > 0
     assert torch_side["train_samples"] == tf_side["train_samples"]
@@ -74,16 +76,16 @@ def test_charlm_learns_more_than_the_commonest_character(framework: str):
     commonest = np.bincount(targets).max() / targets.size
     burst = child(framework, "burst", "charlm", LEARN_BURST)
     assert burst.outcome == "ok", burst.failure
-    assert burst.data["val_accuracy"] > commonest + 0.02, (burst.data["val_accuracy"], commonest)
+    assert burst.result.val_accuracy > commonest + 0.02, (burst.result.val_accuracy, commonest)
 
 
 def test_channels_last_reaches_the_resnet_convolutions_and_is_not_offered_for_charlm():
     burst = child("pytorch", "burst", "digits-resnet", channels_last=True)
     assert burst.outcome == "ok", burst.failure
-    assert burst.data["knobs_effective"]["channels_last"] is True  # read from the conv weights
+    assert burst.result.knobs_effective["channels_last"] is True  # read from the conv weights
     probe = child("pytorch", "probe", "charlm")
     assert probe.outcome == "ok", probe.failure
-    ctx = {"hardware": probe.data["fingerprint"]["hardware"], "workload": probe.data["workload"]}
+    ctx = {"hardware": probe.result.fingerprint["hardware"], "workload": probe.result.workload}
     offer = for_framework("pytorch").offer(ctx, {}, {})
     assert offer.unavailable["channels_last"] == "the model has no convolutions"
 

@@ -13,6 +13,7 @@ from knobtune.search.errors import RunError, UserError
 from knobtune.search.launch.partition import Partition
 from knobtune.search.launch.runner import run_child
 from knobtune.trainers.common.names import FRAMEWORK_MODULES
+from knobtune.trainers.common.wire import Request
 
 PROBE_TIMEOUT_S = 600.0
 INSTALL_HINTS = {
@@ -37,18 +38,19 @@ def require_framework(framework: str) -> None:
 def probe(framework: str, workload: str | None = None, options: dict[str, Any] | None = None,
           script: str | None = None, args: tuple[str, ...] = (), placement: Partition | None = None) -> dict[str, Any]:
     """Fingerprint (and a description of the workload, or of the script run up to its first
-    batch, when one is given) from a child; on ``placement``, the fingerprint of that partition."""
+    batch, when one is given) from a child, as its result's JSON; on ``placement``, the
+    fingerprint of that partition."""
     require_framework(framework)
-    request = {"workload": workload, "workload_options": options or {}, "workdir": os.getcwd(),
-               "script": script, "args": list(args)}
+    request = Request(workload=workload, workload_options=options or {}, workdir=os.getcwd(), script=script,
+                      args=tuple(args))
     child = run_child(framework, "probe", request, PROBE_TIMEOUT_S, placement=placement)
     if child.outcome == "error":
         raise UserError(child.failure or "the workload could not be built")
     if script and child.outcome == "crash":
         raise UserError(f"the script {script} failed before its first batch: {child.failure}")
-    if child.returncode != 0 or "fingerprint" not in child.data:
+    if child.returncode != 0 or child.result.fingerprint is None:
         raise RunError(f"the {framework} probe failed: {child.failure}")
-    return child.data
+    return child.result.to_json()
 
 
 def probe_study(definition: Any, err: Any, placement: Partition | None = None) -> dict[str, Any]:

@@ -17,12 +17,13 @@ import sys
 import tempfile
 import threading
 import time
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any, Callable
 
 from knobtune.search.launch import forkserver
 from knobtune.search.launch.partition import Partition
+from knobtune.trainers.common.wire import Request, Result
 
 CHILD_OUTCOMES = ("ok", "nan", "oom", "invalid")
 TAIL_LINES = 15
@@ -36,7 +37,7 @@ class Cancelled(Exception):
 @dataclass
 class ChildResult:
     outcome: str  # ok | nan | oom | timeout | crash | invalid | error (the user's workload is at fault)
-    data: dict[str, Any] = field(default_factory=dict)
+    result: Result = field(default_factory=Result)  # what the child wrote (empty when it wrote nothing)
     failure: str | None = None
     wall_seconds: float = 0.0
     returncode: int | None = None
@@ -124,16 +125,16 @@ def _signal_name(number: int) -> str:
         return f"signal {number}"
 
 
-def classify(returncode: int | None, timed_out: bool, data: dict[str, Any] | None, tail: str,
+def classify(returncode: int | None, timed_out: bool, result: Result, tail: str,
              timeout_s: float) -> tuple[str, str | None]:
     """Outcome and failure text of a finished child.
 
     A result the child wrote is its outcome, whatever happened after (a slow or crashing
     teardown, the timeout striking after the write): the measurement was complete."""
-    if data and data.get("outcome") in CHILD_OUTCOMES:
-        return data["outcome"], data.get("failure")
-    if data and "error" in data:
-        return "error", str(data["error"])
+    if result.outcome in CHILD_OUTCOMES:
+        return result.outcome, result.failure
+    if result.error is not None:
+        return "error", result.error
     if timed_out:
         return "timeout", f"no result within timeout_s={timeout_s:g} s; its process group was killed"
     if returncode is not None and returncode < 0:
@@ -178,7 +179,7 @@ def _start(framework: str, argv: list[str], env: dict[str, str], log_path: Path,
 def run_child(
     framework: str,
     command: str,
-    request: dict[str, Any],
+    request: Request,
     timeout_s: float,
     tick: Callable[[float], None] | None = None,
     poll_s: float = 0.25,
@@ -201,7 +202,7 @@ def run_child(
         tmp_path = Path(tmp)
         request_path, result_path, log_path = tmp_path / "request.json", tmp_path / "result.json", tmp_path / "output.log"
         progress_path = tmp_path / "progress.jsonl"
-        request_path.write_text(json.dumps({**request, "progress_path": str(progress_path)}))
+        request_path.write_text(json.dumps(replace(request, progress_path=str(progress_path)).to_json()))
         env = forkserver.child_environment()
         if placement is not None:
             env = placement.env(env)
@@ -250,16 +251,16 @@ def run_child(
         wall = time.monotonic() - start
         if keep is not None:
             shutil.copyfile(log_path, keep / "output.log")
-            (keep / "request.json").write_text(json.dumps(request, indent=2, sort_keys=True) + "\n")
-        data: dict[str, Any] = {}
+            (keep / "request.json").write_text(json.dumps(request.to_json(), indent=2, sort_keys=True) + "\n")
+        result = Result()
         if result_path.exists():
             try:
-                data = json.loads(result_path.read_text())
-            except json.JSONDecodeError:
-                data = {}
+                result = Result.from_json(json.loads(result_path.read_text()))
+            except ValueError:  # not JSON (a torn write), or not an object: no result
+                result = Result()
         tail = _tail(log_path)
         if pruned:
-            return ChildResult("pruned", {"segments": _segments(progress_path)}, pruned, wall, proc.returncode,
+            return ChildResult("pruned", Result(segments=_segments(progress_path)), pruned, wall, proc.returncode,
                                proc.pid, tail)
-        outcome, failure = classify(proc.returncode, timed_out, data, tail, timeout_s)
-        return ChildResult(outcome, data, failure, wall, proc.returncode, proc.pid, tail)
+        outcome, failure = classify(proc.returncode, timed_out, result, tail, timeout_s)
+        return ChildResult(outcome, result, failure, wall, proc.returncode, proc.pid, tail)

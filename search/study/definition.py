@@ -10,6 +10,7 @@ from typing import Any, Mapping
 from knobtune.search.errors import UserError
 from knobtune.spaces import FRAMEWORKS, for_framework
 from knobtune.trainers.common.names import BUILTIN_WORKLOADS
+from knobtune.trainers.common.wire import Burst
 
 SAMPLERS = ("tpe", "random")
 OBJECTIVES = ("throughput", "pareto", "time-to-accuracy")
@@ -57,12 +58,10 @@ class ConfirmSection:
 
 
 @dataclass(frozen=True)
-class BurstSection:
-    train_samples: int = 12000
-    warmup_samples: int = 2000
-    windows: int = 5
+class BurstSection(Burst):
+    """[burst]: how every trial measures (the child's ``Burst``), and how long a trial may take."""
+
     timeout_s: float = 300.0
-    min_window_seconds: float = 0.1  # a shorter window is reported, with the train_samples it needs
 
 
 @dataclass(frozen=True)

@@ -6,6 +6,7 @@ already on the device. The lower ceiling names the bottleneck; a tuned config ca
 """
 from __future__ import annotations
 
+from dataclasses import replace
 from typing import Any, TextIO
 
 import optuna
@@ -18,16 +19,16 @@ from knobtune.search.study.objective import Plan
 def ceilings(plan: Plan, params: dict[str, Any]) -> dict[str, Any]:
     """Input and compute ceilings (samples/s) of one configuration, measured in a child."""
     resolved = plan.space.resolve(params, plan.offer, plan.ctx)
-    request = plan.request({name: r.value for name, r in resolved.items()})
-    request["input_variants"] = {"as configured": {}, **plan.space.input_variants(plan.ctx)}
+    request = replace(plan.request({name: r.value for name, r in resolved.items()}),
+                      input_variants={"as configured": {}, **plan.space.input_variants(plan.ctx)})
     child = run_child(plan.definition.study.framework, "diagnose", request, plan.definition.burst.timeout_s * 2,
                       placement=plan.placement)
     if child.outcome != "ok":
         return {"error": f"{child.outcome}: {(child.failure or '').splitlines()[0] if child.failure else ''}"}
-    data = child.data
-    limit = "input" if data["input_samples_per_second"] < data["compute_samples_per_second"] else "compute"
-    return {"input": data["input_samples_per_second"], "compute": data["compute_samples_per_second"],
-            "input_variants": data["input_variants"], "bottleneck": limit}
+    result = child.result
+    limit = "input" if result.input_samples_per_second < result.compute_samples_per_second else "compute"  # type: ignore[operator]
+    return {"input": result.input_samples_per_second, "compute": result.compute_samples_per_second,
+            "input_variants": result.input_variants, "bottleneck": limit}
 
 
 def diagnose_study(study: optuna.Study | None, plan: Plan, baseline_params: dict[str, Any],

@@ -22,6 +22,7 @@ from knobtune.search.storage.record import TrialRecord
 from knobtune.search.story import results
 from knobtune.search.study.definition import Definition
 from knobtune.spaces.knobs import Context, Offer, Resolved, Space
+from knobtune.trainers.common.wire import Burst, Request
 
 ATTR_FIELDS = (
     "samples_per_second", "samples_per_second_cv", "warmup_seconds", "val_accuracy", "final_loss",
@@ -53,32 +54,26 @@ class Plan:
         ratio = (knobs["batch_size"] * knobs["accumulation_steps"]) / (base["batch_size"] * base_accumulation)
         return ratio if how == "linear" else ratio ** 0.5
 
-    def request(self, knobs: dict[str, Any], seed_offset: int = 0) -> dict[str, Any]:
+    def request(self, knobs: dict[str, Any], seed_offset: int = 0) -> Request:
         """The child's burst request; ``seed_offset`` re-seeds it (the baseline's extra runs)."""
         d = self.definition
         burst = d.burst
-        request = {
-            "workload": d.study.workload,
-            "workload_options": d.workload,
-            "script": d.study.script,
-            "args": list(d.study.args),
-            "knobs": knobs,
-            "burst": {
-                "train_samples": burst.train_samples,
-                "warmup_samples": burst.warmup_samples,
-                "windows": d.burst_windows(),
-                "seed": (d.study.seed or 0) + seed_offset,
-                "min_window_seconds": burst.min_window_seconds,
-            },
-            "workdir": self.workdir,
-            "lr_scale": self.lr_scale(knobs),
+        return Request(
+            workload=d.study.workload,
+            workload_options=d.workload,
+            script=d.study.script,
+            args=d.study.args,
+            knobs=knobs,
+            burst=Burst(train_samples=burst.train_samples, warmup_samples=burst.warmup_samples,
+                        windows=d.burst_windows(), min_window_seconds=burst.min_window_seconds),
+            seed=(d.study.seed or 0) + seed_offset,
+            workdir=self.workdir,
+            lr_scale=self.lr_scale(knobs),
             # counted once per study by the probe, so no trial reads every file again
-            "train_records": self.ctx.get("workload", {}).get("train_samples"),
-            "accuracy_required": d.guard.accuracy,
-        }
-        if d.study.objective == "time-to-accuracy":
-            request["target_accuracy"] = d.study.target_accuracy
-        return request
+            train_records=self.ctx.get("workload", {}).get("train_samples"),
+            accuracy_required=d.guard.accuracy,
+            target_accuracy=d.study.target_accuracy if d.study.objective == "time-to-accuracy" else None,
+        )
 
 
 @dataclass(frozen=True)
@@ -122,19 +117,19 @@ def knob_attrs(resolved: dict[str, Resolved], effective: dict[str, Any],
 
 
 def measurement_from_child(child: ChildResult, resolved: dict[str, Resolved], is_baseline: bool) -> Measurement:
-    data = child.data
+    result = child.result
     outcome = "crash" if child.outcome == "error" else child.outcome
     attrs: dict[str, Any] = {
         "outcome": outcome,
         "is_baseline": is_baseline,
-        "knobs": knob_attrs(resolved, data.get("knobs_effective", {}), data.get("not_exercised")),
+        "knobs": knob_attrs(resolved, result.knobs_effective or {}, result.not_exercised),
         "trial_seconds": round(child.wall_seconds, 3),
     }
     for key in ATTR_FIELDS:
-        if data.get(key) is not None:
-            attrs[key] = data[key]
+        if getattr(result, key) is not None:
+            attrs[key] = getattr(result, key)
     if outcome == "pruned":
-        attrs["window_rates"] = [s["rate"] for s in data.get("segments", []) if not s["warmup"] and s["rate"]]
+        attrs["window_rates"] = [s["rate"] for s in result.segments or [] if not s["warmup"] and s["rate"]]
     if "burst_seconds" in attrs:
         attrs["overhead_seconds"] = round(child.wall_seconds - attrs["burst_seconds"], 3)
     if child.failure:
@@ -211,7 +206,7 @@ def measure(plan: Plan, resolved: dict[str, Resolved], is_baseline: bool,
     values = {name: r.value for name, r in resolved.items()}
     problem = plan.space.invalid(values, plan.ctx)
     if problem:
-        return measurement_from_child(ChildResult("invalid", {}, problem), resolved, is_baseline)
+        return measurement_from_child(ChildResult("invalid", failure=problem), resolved, is_baseline)
     request = plan.request(values, seed_offset)
     child = run_child(plan.definition.study.framework, "burst", request, plan.definition.burst.timeout_s,
                       tick=tick, watch=watch, keep=keep, placement=plan.placement, cancel=cancel)

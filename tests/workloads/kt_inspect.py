@@ -10,10 +10,11 @@ import torch
 from torch.utils._python_dispatch import TorchDispatchMode
 
 from knobtune.spaces import for_framework
+from knobtune.trainers.common.wire import Burst, Request
 from knobtune.trainers.pytorch.tuned import LossGuard, Tuned, for_request
 from knobtune.trainers.pytorch.workload import load
 
-BURST = {"train_samples": 2048, "warmup_samples": 64, "windows": 3, "seed": 0}
+BURST = Burst(train_samples=2048, warmup_samples=64, windows=3)
 
 
 def knobs(**overrides: Any) -> dict[str, Any]:
@@ -28,7 +29,7 @@ def augment() -> dict[str, Any]:
 
     def first(workers: int, seed: int) -> list[torch.Tensor]:
         extra = {"persistent_workers": True} if workers else {}
-        kt = for_request({"knobs": knobs(num_workers=workers, **extra), "burst": {**BURST, "seed": seed}})
+        kt = for_request(Request(knobs=knobs(num_workers=workers, **extra), burst=BURST, seed=seed))
         loader = kt.dataloader(workload.train_dataset, shuffle=True, collate_fn=workload.collate_fn)
         out = []
         for epoch in range(2):  # two epochs: the stream goes on identically across epochs
@@ -61,7 +62,7 @@ class CountOps(TorchDispatchMode):
 def trainer(guard: bool) -> tuple[Tuned, Any]:
     """A trial's API over the tiny workload, and a step function ``step(i, inputs, targets)``."""
     workload = load("kt_test_workloads:tiny")
-    kt = for_request({"knobs": knobs(), "burst": BURST, "guard": guard})
+    kt = for_request(Request(knobs=knobs(), burst=BURST, guard=guard))
     model = workload.build_model()
     trained, optimizer = kt.prepare(model, workload.build_optimizer(model.parameters()))
     kt.guard = LossGuard(1000, kt.device)

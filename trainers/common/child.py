@@ -1,4 +1,5 @@
-"""The child-process entry point every trainer shares: request JSON in, result JSON out.
+"""The child-process entry point every trainer shares: a ``Request`` in, a ``Result`` out (their JSON:
+trainers/common/wire.py).
 
 ``python -m knobtune.trainers.<framework> COMMAND --request IN.json --result OUT.json``. Exit 0 with a
 result (outcome ok, nan, oom or invalid), exit 2 with ``{"error": ...}`` when the user's
@@ -12,12 +13,14 @@ import json
 import math
 import os
 import sys
+from dataclasses import replace
 from pathlib import Path
 from typing import Any, Callable, NoReturn
 
 from knobtune.trainers.common.errors import InvalidKnobs, WorkloadError
+from knobtune.trainers.common.wire import Request, Result
 
-Handler = Callable[[dict[str, Any]], dict[str, Any]]
+Handler = Callable[[Request], Result]
 
 # How this process started: "fresh" (python -m knobtune.trainers.<framework>) or "forked" (from the warm
 # server, trainers/common/forkserver.py, which sets it); every result says which.
@@ -42,14 +45,12 @@ def write_json(path: Path, data: dict[str, Any]) -> None:
 
 
 def probe_handler(fingerprint: Callable[[], dict[str, Any]],
-                  describe: Callable[[dict[str, Any]], dict[str, Any]]) -> Handler:
+                  describe: Callable[[Request], dict[str, Any]]) -> Handler:
     """The ``probe`` command: the fingerprint, and the workload (or script) described when one is named."""
 
-    def probe(request: dict[str, Any]) -> dict[str, Any]:
-        result: dict[str, Any] = {"outcome": "ok", "fingerprint": fingerprint()}
-        if request.get("workload") or request.get("script"):
-            result["workload"] = describe(request)
-        return result
+    def probe(request: Request) -> Result:
+        described = describe(request) if request.workload or request.script else None
+        return Result(outcome="ok", fingerprint=fingerprint(), workload=described)
 
     return probe
 
@@ -65,24 +66,22 @@ def main(framework: str, commands: tuple[str, ...], handlers: Callable[[], dict[
     parser.add_argument("--request", type=Path, required=True)
     parser.add_argument("--result", type=Path, required=True)
     args = parser.parse_args(argv)
-    request = json.loads(args.request.read_text())
+    request = Request.from_json(json.loads(args.request.read_text()))
     # User workloads named "package.module:factory" import from the directory knobtune ran in.
-    workdir = request.get("workdir")
+    workdir = request.workdir
     if workdir and workdir not in sys.path:
         sys.path.insert(0, workdir)
     try:
         problem = versions.check(framework)
         if problem:
             raise WorkloadError(problem)
-        result = handlers()[args.command](request)
-        result["placement"] = hostinfo.placement()
-        result["child_start"] = STARTED
+        result = replace(handlers()[args.command](request), placement=hostinfo.placement(), child_start=STARTED)
         code = 0
     except WorkloadError as exc:
-        result, code = {"error": str(exc)}, 2
+        result, code = Result(error=str(exc)), 2
     except InvalidKnobs as exc:
-        result, code = {"outcome": "invalid", "failure": str(exc)}, 0
-    write_json(args.result, result)
+        result, code = Result(outcome="invalid", failure=str(exc)), 0
+    write_json(args.result, result.to_json())
     # Leave at once: the result is written, and interpreter teardown (DataLoader workers, tf.data
     # threads, CUDA contexts, a user's atexit handlers) can be slow or crash; the parent kills the
     # process group anyway.

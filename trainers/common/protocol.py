@@ -21,23 +21,7 @@ from dataclasses import dataclass, field
 from typing import Any, Callable
 
 from knobtune.trainers.common.errors import InvalidKnobs
-
-
-@dataclass(frozen=True)
-class BurstSpec:
-    """How one trial measures; the same for every trial of a study."""
-
-    train_samples: int = 12000
-    warmup_samples: int = 2000
-    windows: int = 5
-    seed: int = 0
-    min_window_seconds: float = 0.1
-
-    @classmethod
-    def from_dict(cls, data: dict[str, object]) -> "BurstSpec":
-        fields = cls.__dataclass_fields__
-        return cls(**{k: type(fields[k].default)(v) for k, v in data.items()  # type: ignore[arg-type]
-                      if k in fields and v is not None})
+from knobtune.trainers.common.wire import Burst, Request
 
 
 @dataclass(frozen=True)
@@ -89,7 +73,7 @@ def _window_ends(start: int, total: int, windows: int, align: int, execution: in
     return tuple(ends)
 
 
-def make_schedule(spec: BurstSpec, batch_size: int, accumulation_steps: int = 1,
+def make_schedule(spec: Burst, batch_size: int, accumulation_steps: int = 1,
                   execution_steps: int = 1, read_ahead: int = 0) -> Schedule:
     """Cut a burst into warm-up, settle and windows, counted in micro-batches of ``batch_size``.
 
@@ -243,10 +227,10 @@ def progress_writer(path: str | None) -> Callable[[dict[str, Any]], None] | None
     return write
 
 
-def hooks_from(request: dict[str, Any], evaluate: Callable[[], float]) -> Hooks:
+def hooks_from(request: Request, evaluate: Callable[[], float]) -> Hooks:
     """The hooks a burst request asks for: progress lines, and evaluation toward a target."""
-    target = request.get("target_accuracy")
-    return Hooks(progress=progress_writer(request.get("progress_path")),
+    target = request.target_accuracy
+    return Hooks(progress=progress_writer(request.progress_path),
                  evaluate=evaluate if target is not None else None, target=target)
 
 

@@ -16,8 +16,9 @@ from typing import Any, Callable, ClassVar
 from knobtune.trainers.common import production, script
 from knobtune.trainers.common.errors import WorkloadError
 from knobtune.trainers.common.production import ConfigError, Watchdog, log
-from knobtune.trainers.common.protocol import BurstRecord, BurstSpec, Schedule, WindowTimer
+from knobtune.trainers.common.protocol import BurstRecord, Schedule, WindowTimer
 from knobtune.trainers.common.script import ScriptDone
+from knobtune.trainers.common.wire import Request, Result
 
 TRIAL_ROLES = ("trial", "diagnose")
 
@@ -26,8 +27,7 @@ TRIAL_ROLES = ("trial", "diagnose")
 class Trial:
     """A trial's state inside its child: the request, the burst's timer and what the script did."""
 
-    request: dict[str, Any]
-    spec: BurstSpec
+    request: Request
     loaded: bool = False
     started: bool = False
     completed: bool = False
@@ -44,14 +44,10 @@ class Trial:
     diagnosis: dict[str, Any] | None = None
     description: dict[str, Any] = field(default_factory=dict)  # the probe's
 
-    @classmethod
-    def from_request(cls, request: dict[str, Any]) -> "Trial":
-        return cls(request, BurstSpec.from_dict(request.get("burst") or {}))
-
     @property
     def script(self) -> bool:
         """Whether the trial runs the user's own script (else the built-in loop over a Workload)."""
-        return bool(self.request.get("script"))
+        return bool(self.request.script)
 
 
 def export_knobs(path: str | os.PathLike[str] | None, framework: str, *, version_key: str,
@@ -156,7 +152,7 @@ class TunedBase:
                                                  f"{schedule.total_steps}")
         elif not trial.completed:
             result.update(outcome="invalid", failure=stopped.format(done=trial.stopped_at, total=schedule.total_steps))
-        elif trial.accuracy is None and trial.request.get("accuracy_required", True):
+        elif trial.accuracy is None and trial.request.accuracy_required:
             result.update(outcome="invalid", failure="the script never reported its accuracy: call "
                                                      "kt.report(val_accuracy=...) after training (or turn the "
                                                      "accuracy guard off: [guard] accuracy = false)")
@@ -167,27 +163,27 @@ class TunedBase:
         return result
 
 
-def run_request(request: dict[str, Any], role: str, for_request: Callable[[dict[str, Any], str], TunedBase],
-                train: Callable[[dict[str, Any]], None],
-                oom_reason: Callable[[BaseException, TunedBase], str | None]) -> dict[str, Any]:
+def run_request(request: Request, role: str, for_request: Callable[[Request, str], TunedBase],
+                train: Callable[[Request], None],
+                oom_reason: Callable[[BaseException, TunedBase], str | None]) -> Result:
     """A trial child's result: the built-in loop (``train(request)``, over its workload) or the
     request's ``script`` run with ``args``, both through the integration API that
     ``for_request`` activates; measurements, knobs read back and accuracy, or an oom outcome.
     Everything (the data, the model, training, evaluation) runs inside the out-of-memory handling."""
     kt = for_request(request, role)
     try:
-        if request.get("script"):
-            script.run(request["script"], list(request.get("args") or []))
+        if request.script:
+            script.run(request.script, list(request.args))
         else:
             try:
                 train(request)
             except ScriptDone:
                 pass
-        return kt.result()  # type: ignore[attr-defined]
+        return Result.from_json(kt.result())  # type: ignore[attr-defined]
     except Exception as exc:
         reason = oom_reason(exc, kt)
         if reason is None:
             raise
-        return {"outcome": "oom", "failure": reason}
+        return Result(outcome="oom", failure=reason)
     finally:
         kt.close()

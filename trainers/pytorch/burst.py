@@ -10,6 +10,7 @@ from torch.utils.data import DataLoader
 
 from knobtune.trainers.common.errors import WorkloadError
 from knobtune.trainers.common.tuned import run_request
+from knobtune.trainers.common.wire import Request, Result
 from knobtune.trainers.pytorch.faults import oom_reason
 from knobtune.trainers.pytorch.tuned import Tuned, for_request, to_device
 from knobtune.trainers.pytorch.workload import Workload, accuracy, load
@@ -71,9 +72,9 @@ def train(workload: Workload) -> None:
     kt.report(val_accuracy=score(), eval_batch_size=eval_batch)
 
 
-def run(request: dict[str, Any], role: str = "trial") -> dict[str, Any]:
+def run(request: Request, role: str = "trial") -> Result:
     """The request's result: the built-in loop over its workload, or its ``script`` run with
     ``args`` (trainers.common.tuned.run_request); an out-of-memory failure is outcome oom."""
     return run_request(request, role, for_request,
-                       lambda r: train(load(r["workload"], r.get("workload_options"))),
+                       lambda r: train(load(r.workload, r.workload_options)),
                        lambda exc, kt: oom_reason(exc, kt.worker_exit_codes()))  # type: ignore[attr-defined]

@@ -4,10 +4,9 @@ burst's own schedule and window timer, for the built-in loop and a user's script
 integration API runs both inside ``kt.batches``)."""
 from __future__ import annotations
 
-from typing import Any
-
+from knobtune.trainers.common.wire import Request, Result
 from knobtune.trainers.pytorch import burst
 
 
-def run(request: dict[str, Any]) -> dict[str, Any]:
+def run(request: Request) -> Result:
     return burst.run(request, role="diagnose")

@@ -2,6 +2,7 @@
 of the user's script (run until its first batch)."""
 from __future__ import annotations
 
+from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
@@ -9,6 +10,7 @@ import torch
 
 from knobtune.trainers.common import script
 from knobtune.trainers.common.child import probe_handler
+from knobtune.trainers.common.wire import Request
 from knobtune.trainers.pytorch import env
 from knobtune.trainers.pytorch.knobs import has_conv, optimizer_impls
 from knobtune.trainers.pytorch.tuned import for_request
@@ -27,11 +29,11 @@ def _sized(dataset: Any) -> int | None:
         return None
 
 
-def describe_script(request: dict[str, Any]) -> dict[str, Any]:
+def describe_script(request: Request) -> dict[str, Any]:
     """Run the script until its first ``kt.batches``: what it builds, and its own settings
     (the loader arguments it passes: the baseline's values)."""
-    kt = for_request({**request, "knobs": {}}, role="probe")
-    script.run(request["script"], list(request.get("args") or []))
+    kt = for_request(replace(request, knobs={}), role="probe")
+    script.run(request.script, list(request.args))
     kt.result_check()
     seen = kt.trial.description  # type: ignore[union-attr]
     models = [m for m, _ in kt.models]
@@ -44,7 +46,7 @@ def describe_script(request: dict[str, Any]) -> dict[str, Any]:
         except Exception:  # an IterableDataset, or indexing that needs more than an int
             sample = None
     return {
-        "name": Path(request["script"]).name,
+        "name": Path(request.script).name,
         "parameters": sum(p.numel() for m in models for p in m.parameters() if p.requires_grad),
         "train_samples": _sized(dataset) if dataset is not None else None,
         "eval_samples": None,
@@ -57,10 +59,10 @@ def describe_script(request: dict[str, Any]) -> dict[str, Any]:
     }
 
 
-def describe(request: dict[str, Any]) -> dict[str, Any]:
-    if request.get("script"):
+def describe(request: Request) -> dict[str, Any]:
+    if request.script:
         return describe_script(request)
-    workload = load(request["workload"], request.get("workload_options"))
+    workload = load(request.workload, request.workload_options)
     model = workload.build_model()
     sample = workload.train_dataset[0] if _sized(workload.train_dataset) else None
     inputs = sample[0] if isinstance(sample, (list, tuple)) else sample

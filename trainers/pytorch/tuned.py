@@ -36,6 +36,7 @@ from knobtune.trainers.common.production import Watchdog, WatchdogSettings, log
 from knobtune.trainers.common.protocol import GuardReading, Schedule, WindowTimer, drive, hooks_from, make_schedule
 from knobtune.trainers.common.script import ScriptDone, batch_length
 from knobtune.trainers.common.tuned import TRIAL_ROLES, Trial, TunedBase, export_knobs
+from knobtune.trainers.common.wire import Request
 from knobtune.trainers.pytorch import compiled
 from knobtune.trainers.pytorch import knobs as K
 from knobtune.trainers.pytorch.data import SeededSampler
@@ -154,9 +155,9 @@ class Tuned(TunedBase):
         self.guard: LossGuard | None = None
         self.found_inf: list[torch.Tensor] = []
         self.skipped = torch.zeros((), dtype=torch.float32, device=self.device)
-        self.sync_debug = bool(trial and trial.request.get("sync_debug")) and self.device.type == "cuda"
-        self.guarded = not trial or bool(trial.request.get("guard", True))
-        self.lr_scale = float((trial.request if trial else config or {}).get("lr_scale") or 1.0)
+        self.sync_debug = bool(trial and trial.request.sync_debug) and self.device.type == "cuda"
+        self.guarded = not trial or trial.request.guard
+        self.lr_scale = trial.request.lr_scale if trial else float((config or {}).get("lr_scale") or 1.0)
         expected = production.expected_rate(config) if config else None
         self.watchdog = Watchdog(expected, settings or WatchdogSettings(), self._watch,
                                  compilations=compiled.compilations)
@@ -322,7 +323,7 @@ class Tuned(TunedBase):
             loader_args.pop("batch_size", None)
         iterable = isinstance(dataset, IterableDataset)
         if self.role in TRIAL_ROLES and self.trial is not None:
-            seed = self.trial.spec.seed
+            seed = self.trial.request.seed
             if shuffle and not iterable and "sampler" not in arguments and "batch_sampler" not in arguments:
                 # order and augmentation independent of num_workers
                 loader_args["sampler"] = SeededSampler(len(dataset), seed)
@@ -383,7 +384,7 @@ class Tuned(TunedBase):
         ahead = K.read_ahead({"num_workers": getattr(loader, "num_workers", 0),
                               "prefetch_factor": getattr(loader, "prefetch_factor", None)}) if read_ahead else 0
         assert self.trial is not None
-        return make_schedule(self.trial.spec, int(batch_size), self.accumulation, read_ahead=ahead)
+        return make_schedule(self.trial.request.burst, int(batch_size), self.accumulation, read_ahead=ahead)
 
     def _burst(self, loader: Any, evaluate: Callable[[], float] | None) -> Iterator[Any]:
         trial = self.trial
@@ -399,7 +400,7 @@ class Tuned(TunedBase):
         if self.role == "diagnose":
             yield from self._diagnose(loader, schedule)
             return
-        target = trial.request.get("target_accuracy")
+        target = trial.request.target_accuracy
         if target is not None and evaluate is None:
             raise InvalidKnobs("time-to-accuracy needs an evaluation between windows: iterate "
                                "kt.batches(loader, evaluate=fn), fn() returning the held-out accuracy")
@@ -522,7 +523,7 @@ class Tuned(TunedBase):
         compute ceiling (the script's step on one batch already on the device)."""
         trial = self.trial
         assert trial is not None
-        variants = trial.request.get("input_variants") or {"as configured": {}}
+        variants = trial.request.input_variants or {"as configured": {}}
         inputs = {}
         threads_before = torch.get_num_threads()
         for label, overrides in variants.items():
@@ -664,13 +665,13 @@ def _channels_last(batch: Any) -> Any:
     return batch
 
 
-def for_request(request: dict[str, Any], role: str = "trial") -> Tuned:
+def for_request(request: Request, role: str = "trial") -> Tuned:
     """The trial (or probe) a child runs: its knobs, and activated for ``Tuned.load()``."""
-    trial = Trial.from_request(request)
-    seed = trial.spec.seed  # the model's initial weights and dropout: the same for every trial
+    trial = Trial(request)
+    seed = trial.request.seed  # the model's initial weights and dropout: the same for every trial
     random.seed(seed)
     np.random.seed(seed)
     torch.manual_seed(seed)
-    kt = Tuned(dict(request.get("knobs") or {}), role=role, trial=trial)
+    kt = Tuned(dict(request.knobs), role=role, trial=trial)
     activate(kt)
     return kt

@@ -8,12 +8,11 @@ semantics as PyTorch.
 """
 from __future__ import annotations
 
-from typing import Any
-
 import keras
 import numpy as np
 
 from knobtune.trainers.common.tuned import run_request
+from knobtune.trainers.common.wire import Request, Result
 from knobtune.trainers.tensorflow.faults import oom_reason
 from knobtune.trainers.tensorflow.tuned import Tuned, for_request
 from knobtune.trainers.tensorflow.workload import Workload, load
@@ -51,9 +50,9 @@ def train(workload: Workload) -> None:
     kt.report(val_accuracy=score(), eval_batch_size=eval_batch)
 
 
-def run(request: dict[str, Any], role: str = "trial") -> dict[str, Any]:
+def run(request: Request, role: str = "trial") -> Result:
     """The request's result: the built-in loop over its workload, or its ``script`` run with
     ``args`` (trainers.common.tuned.run_request); an out-of-memory failure is outcome oom."""
     return run_request(request, role, for_request,
-                       lambda r: train(load(r["workload"], r.get("workload_options"))),
+                       lambda r: train(load(r.workload, r.workload_options)),
                        lambda exc, kt: oom_reason(exc))

@@ -6,10 +6,9 @@ compute ceiling runs the @tf.function step (the fit loop's own step is Keras-int
 trial's XLA, dtype policy and accumulation."""
 from __future__ import annotations
 
-from typing import Any
-
+from knobtune.trainers.common.wire import Request, Result
 from knobtune.trainers.tensorflow import burst
 
 
-def run(request: dict[str, Any]) -> dict[str, Any]:
+def run(request: Request) -> Result:
     return burst.run(request, role="diagnose")

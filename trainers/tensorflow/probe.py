@@ -2,6 +2,7 @@
 of the user's script (run until its first ``kt.fit``)."""
 from __future__ import annotations
 
+from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
@@ -10,6 +11,7 @@ import numpy as np
 
 from knobtune.trainers.common import script
 from knobtune.trainers.common.child import probe_handler
+from knobtune.trainers.common.wire import Request
 from knobtune.trainers.tensorflow import env
 from knobtune.trainers.tensorflow.data import count_records
 from knobtune.trainers.tensorflow.tuned import for_request
@@ -29,12 +31,12 @@ def _parameters(model: keras.Model) -> int:
         return 0
 
 
-def describe_script(request: dict[str, Any]) -> dict[str, Any]:
+def describe_script(request: Request) -> dict[str, Any]:
     """Run the script until its first ``kt.fit``: what it builds, and its own settings (the
     batch size and pipeline settings it gives kt.dataset, the jit_compile, steps_per_execution
     and accumulation it gives kt.compile: the baseline's values)."""
-    kt = for_request({**request, "knobs": {}}, role="probe")
-    script.run(request["script"], list(request.get("args") or []))
+    kt = for_request(replace(request, knobs={}), role="probe")
+    script.run(request.script, list(request.args))
     kt.result_check()
     seen = kt.trial.description  # type: ignore[union-attr]
     models = seen.get("models") or []
@@ -43,7 +45,7 @@ def describe_script(request: dict[str, Any]) -> dict[str, Any]:
     first = next(script.leaves(spec), None)
     shape = getattr(first, "shape", None)
     return {
-        "name": Path(request["script"]).name,
+        "name": Path(request.script).name,
         "parameters": sum(_parameters(m) for m in models),
         "train_samples": made.records if made is not None else None,
         "train_files": len(made.files) if made is not None else None,
@@ -56,10 +58,10 @@ def describe_script(request: dict[str, Any]) -> dict[str, Any]:
     }
 
 
-def describe(request: dict[str, Any]) -> dict[str, Any]:
-    if request.get("script"):
+def describe(request: Request) -> dict[str, Any]:
+    if request.script:
         return describe_script(request)
-    workload = load(request["workload"], request.get("workload_options"))
+    workload = load(request.workload, request.workload_options)
     records = count_records(workload.train_files)  # reads every file: a corrupt one is named here
     model = workload.build_model()
     inputs, _ = workload.eval_data

@@ -36,6 +36,7 @@ from knobtune.trainers.common.production import ConfigError, Watchdog, WatchdogS
 from knobtune.trainers.common.protocol import BurstRecord, GuardReading, Schedule, drive, hooks_from, make_schedule
 from knobtune.trainers.common.script import ScriptDone
 from knobtune.trainers.common.tuned import TRIAL_ROLES, Trial, TunedBase, export_knobs
+from knobtune.trainers.common.wire import Request
 from knobtune.trainers.tensorflow import env
 from knobtune.trainers.tensorflow import knobs as K
 from knobtune.trainers.tensorflow.data import (AUTOTUNE, build_pipeline, count_records, describe_pipeline, options_knobs,
@@ -124,8 +125,8 @@ class Tuned(TunedBase):
         self.custom: CustomStep | None = None  # the custom loop's step, when the burst ran one
         self.history: Any = None  # the burst's
         self._records_taken = False
-        self.guarded = not trial or bool(trial.request.get("guard", True))
-        self.lr_scale = float((trial.request if trial else config or {}).get("lr_scale") or 1.0)
+        self.guarded = not trial or trial.request.guard
+        self.lr_scale = trial.request.lr_scale if trial else float((config or {}).get("lr_scale") or 1.0)
         expected = expected_rate(config) if config else None
         self.watchdog = Watchdog(expected, settings or WatchdogSettings(), lambda: None)
         self.accuracy: float | None = None
@@ -202,7 +203,7 @@ class Tuned(TunedBase):
                 raise InvalidKnobs(f"batch_size={settings['batch_size']} is larger than the training set "
                                    f"({records} samples)")
             buffer = min(records, shuffle_buffer) if shuffle else 0
-            seed: int | None = trial.spec.seed
+            seed: int | None = trial.request.seed
             repeat = True
         else:
             buffer, seed, repeat = (shuffle_buffer if shuffle else 0), None, False
@@ -281,7 +282,7 @@ class Tuned(TunedBase):
         """Records in a trial's training files: the probe counted the first pipeline's once for
         the study (the request's ``train_records``); else ``train_size``, else counted."""
         assert self.trial is not None
-        counted = self.trial.request.get("train_records")
+        counted = self.trial.request.train_records
         if counted and not self._records_taken:
             self._records_taken = True
             return int(counted)
@@ -322,11 +323,11 @@ class Tuned(TunedBase):
         made = self._made(dataset)
         data = trial.data = dataset if made is not None else dataset.repeat()  # the burst runs across epochs
         ahead = read_ahead({**pipeline_knobs(describe_pipeline(data)), "batch_size": batch})
-        schedule = trial.schedule = make_schedule(trial.spec, batch, K.accumulation(model.optimizer),
+        schedule = trial.schedule = make_schedule(trial.request.burst, batch, K.accumulation(model.optimizer),
                                                   int(model.steps_per_execution), read_ahead=ahead)
         if self.role == "diagnose":
             self._diagnose(model, data, made, schedule)
-        target = trial.request.get("target_accuracy")
+        target = trial.request.target_accuracy
         if target is not None and evaluate is None:
             raise InvalidKnobs("time-to-accuracy needs an evaluation between windows: call "
                                "kt.fit(model, dataset, evaluate=fn), fn() returning the held-out accuracy")
@@ -380,7 +381,7 @@ class Tuned(TunedBase):
             raise WorkloadError("the diagnosis rebuilds the input pipeline with other settings: build it with "
                                 "kt.dataset(...)")
         entry = self._compiled(model, "the diagnosis")
-        variants = trial.request.get("input_variants") or {"as configured": {}}
+        variants = trial.request.input_variants or {"as configured": {}}
         inputs = {label: self._input_ceiling(made, overrides, schedule) for label, overrides in variants.items()}
         x, y = next(iter(data))
         train = CustomStep(model, entry.loss, entry.optimizer, bool(model.jit_compile), model.dtype_policy.name)
@@ -410,7 +411,7 @@ class Tuned(TunedBase):
         ds = build_pipeline(made.files, made.parse_fn, made.augment_fn, settings, made.shuffle_buffer, made.seed,
                             repeat=True)
         assert self.trial is not None
-        plain = make_schedule(self.trial.spec, schedule.batch_size, schedule.accumulation_steps,
+        plain = make_schedule(self.trial.request.burst, schedule.batch_size, schedule.accumulation_steps,
                               schedule.execution_steps, read_ahead=read_ahead(settings))
         iterator = iter(ds)
 
@@ -515,11 +516,11 @@ def _knob_value(name: str, value: Any) -> bool:
     return isinstance(value, int) and not isinstance(value, bool) and value >= 1
 
 
-def for_request(request: dict[str, Any], role: str = "trial") -> Tuned:
+def for_request(request: Request, role: str = "trial") -> Tuned:
     """The trial (or probe) a child runs: its knobs applied, seeded, and activated for ``Tuned.load()``."""
-    trial = Trial.from_request(request)
-    kt = Tuned(dict(request.get("knobs") or {}), role=role, trial=trial)
-    keras.utils.set_random_seed(trial.spec.seed)  # initial weights, dropout, augmentation: the same every trial
+    trial = Trial(request)
+    kt = Tuned(dict(request.knobs), role=role, trial=trial)
+    keras.utils.set_random_seed(trial.request.seed)  # initial weights, dropout, augmentation: the same every trial
     activate(kt)
     return kt
 
