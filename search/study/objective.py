@@ -18,7 +18,7 @@ from optuna.trial import TrialState
 from knobtune.search.launch.partition import Partition
 from knobtune.search.launch.runner import ChildResult, run_child
 from knobtune.search.storage import record
-from knobtune.search.storage.record import TrialRecord
+from knobtune.search.storage.record import KnobEntry, TrialRecord
 from knobtune.search.story import results
 from knobtune.search.study.definition import Definition
 from knobtune.spaces.knobs import Context, Offer, Resolved, Space
@@ -117,28 +117,26 @@ def knob_attrs(resolved: dict[str, Resolved], effective: dict[str, Any],
 
 
 def measurement_from_child(child: ChildResult, resolved: dict[str, Resolved], is_baseline: bool) -> Measurement:
+    """The trial's record of what its child measured (the child's ``Result``) and how it ended."""
     result = child.result
     outcome = "crash" if child.outcome == "error" else child.outcome
-    attrs: dict[str, Any] = {
-        "outcome": outcome,
-        "is_baseline": is_baseline,
-        "knobs": knob_attrs(resolved, result.knobs_effective or {}, result.not_exercised),
-        "trial_seconds": round(child.wall_seconds, 3),
-    }
-    for key in ATTR_FIELDS:
-        if getattr(result, key) is not None:
-            attrs[key] = getattr(result, key)
+    measured = {key: getattr(result, key) for key in ATTR_FIELDS}
     if outcome == "pruned":
-        attrs["window_rates"] = [s["rate"] for s in result.segments or [] if not s["warmup"] and s["rate"]]
-    if "burst_seconds" in attrs:
-        attrs["overhead_seconds"] = round(child.wall_seconds - attrs["burst_seconds"], 3)
-    if child.failure:
-        attrs["failure"] = child.failure
-    if outcome != "ok" and child.output_tail and child.output_tail not in (child.failure or ""):
-        attrs["output_tail"] = child.output_tail  # for the trial's note: what it printed last
-    if outcome == "ok" and "samples_per_second" not in attrs:
-        attrs.update(outcome="crash", failure="the child reported no measured window")
-    return Measurement(TrialRecord.from_attrs(attrs))
+        measured["window_rates"] = [s["rate"] for s in result.segments or [] if not s["warmup"] and s["rate"]]
+    burst = measured["burst_seconds"]
+    knobs = knob_attrs(resolved, result.knobs_effective or {}, result.not_exercised)
+    rec = TrialRecord(
+        outcome=outcome, is_baseline=is_baseline, trial_seconds=round(child.wall_seconds, 3),
+        knobs={name: KnobEntry.from_attr(attr) for name, attr in knobs.items()},
+        overhead_seconds=round(child.wall_seconds - burst, 3) if burst is not None else None,
+        failure=child.failure or None,
+        # for the trial's note: what it printed last
+        output_tail=child.output_tail if outcome != "ok" and child.output_tail
+        and child.output_tail not in (child.failure or "") else None,
+        **measured)
+    if outcome == "ok" and rec.samples_per_second is None:
+        rec = rec.but(outcome="crash", failure="the child reported no measured window")
+    return Measurement(rec)
 
 
 def measure_baseline(plan: Plan, resolved: dict[str, Resolved], tick: Callable[[float], None] | None = None,
