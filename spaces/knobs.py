@@ -49,7 +49,10 @@ class Knob:
     and ``apply(value, objects)`` return why the value could not be applied, or None.
     ``read(objects)`` is the value the framework's objects report (``UNREAD``: none to ask).
     ``lines(value)`` is its lines in the export snippet. ``objects`` is the framework's
-    ``Trained`` (spaces/pytorch.py, spaces/tensorflow.py).
+    ``Trained`` (spaces/pytorch.py, spaces/tensorflow.py). ``problem(value, knobs, hardware)``,
+    in a trial's child or in production, says why this machine (``hardware``: the facts the
+    framework's ``env.hardware()`` reports for the process's own device) cannot apply ``value``
+    given the other ``knobs``; ``check`` has already passed.
     """
 
     name: str
@@ -67,6 +70,7 @@ class Knob:
     apply: Callable[[Any, Any], str | None] | None = None
     read: Callable[[Any], Any] = lambda objects: UNREAD
     lines: Callable[[Any], Lines] = lambda value: Lines()
+    problem: Callable[[Any, Mapping[str, Any], Mapping[str, Any]], str | None] | None = None
 
     def default_for(self, ctx: Context) -> Any:
         return self.default_in(ctx) if self.default_in else self.default
@@ -287,6 +291,21 @@ class Space:
     def baseline_params(self, offer: Offer, ctx: Context, baseline: Mapping[str, Any]) -> dict[str, Any]:
         """The baseline (framework defaults, then the study's [baseline]) as Optuna params."""
         return self.params_for(offer, self.defaults(ctx, baseline))
+
+    def problems(self, values: Mapping[str, Any], hardware: Mapping[str, Any]) -> dict[str, str]:
+        """In a trial's child or in production: knob -> why this machine cannot apply its value in
+        ``values`` (a value the knob does not take, or one this device lacks), for the knobs given."""
+        out: dict[str, str] = {}
+        for knob in self.knobs:
+            if knob.name not in values:
+                continue
+            value = values[knob.name]
+            wrong = knob.type_error(value)
+            why = f"{knob.name}={value!r}: {wrong}" if wrong else (
+                knob.problem(value, values, hardware) if knob.problem else None)
+            if why:
+                out[knob.name] = why
+        return out
 
     def advice_params(self, offer: Offer, ctx: Context, baseline: Mapping[str, Any]) -> dict[str, Any]:
         """The seeds' advice applied on top of the baseline, as Optuna params."""

@@ -276,6 +276,47 @@ def _optimizer_impl_lines(value: Any) -> Lines:
                  f"lr=..., {value}=True)", "")
 
 
+# Why this process's device cannot apply a value (in the child and in production): ``hw`` is
+# trainers/pytorch/env.hardware() for that device.
+NO_CUDA_HERE = "this process has no CUDA device"
+
+
+def _amp_problem(value: Any, knobs: Mapping[str, Any], hw: Mapping[str, Any]) -> str | None:
+    if value == "fp16" and not hw.get("cuda"):
+        return f"amp='fp16' (with GradScaler) needs CUDA; {NO_CUDA_HERE}"
+    if value == "bf16" and hw.get("cuda") and not hw.get("bf16"):
+        return "amp='bf16' is not supported by this GPU"
+    return None
+
+
+def _compile_problem(value: Any, knobs: Mapping[str, Any], hw: Mapping[str, Any]) -> str | None:
+    if value == "reduce-overhead" and not hw.get("cuda"):
+        return "compile='reduce-overhead' captures CUDA graphs and needs CUDA"
+    accumulation = int(knobs.get("accumulation_steps", 1))
+    if hw.get("cuda") and value in ("reduce-overhead", "max-autotune") and accumulation > 1:
+        # AccumulateGrad keeps the first backward's gradient, which lives in the CUDA-graph pool,
+        # as .grad; the next replay overwrites it.
+        return (f"compile={value!r} replays CUDA graphs, which overwrite gradients accumulated across "
+                f"micro-batches: accumulation_steps={accumulation} needs compile 'off' or 'default'")
+    return None
+
+
+def _cuda_only(what: str) -> Callable[[Any, Mapping[str, Any], Mapping[str, Any]], str | None]:
+    def problem(value: Any, knobs: Mapping[str, Any], hw: Mapping[str, Any]) -> str | None:
+        return f"{what}; {NO_CUDA_HERE}" if value and not hw.get("cuda") else None
+
+    return problem
+
+
+def _in_order_problem(value: Any, knobs: Mapping[str, Any], hw: Mapping[str, Any]) -> str | None:
+    if value is False and not hw.get("loader_in_order"):
+        import torch
+
+        return (f"dataloader_in_order=False needs torch >= 2.6 (DataLoader's in_order argument); this is "
+                f"torch {torch.__version__}")
+    return None
+
+
 KNOBS = (
     batch_size_knob(applied_by="dataloader", read=_from_loader("batch_size"),
                     lines=lambda v: _code(f"batch_size={int(v)}")),
@@ -301,15 +342,16 @@ KNOBS = (
     Knob("pin_memory", bool, False, "page-locked host batches for faster host-to-device copies",
          choices=lambda ctx: [False, True], unavailable=_no_cuda,
          applied_by="dataloader", read=_from_loader("pin_memory"),
+         problem=_cuda_only("pin_memory=True needs CUDA"),
          lines=lambda v: _code("pin_memory=True") if v else Lines()),
     Knob("amp", str, "off", "autocast: off, bf16, or fp16 with GradScaler",
          choices=_amp_choices, value_unavailable=_amp_value, check=one_of("off", "bf16", "fp16"),
-         applied_by="autocast", read=_amp_used,
+         applied_by="autocast", read=_amp_used, problem=_amp_problem,
          lines=lambda v: _code("scaler = torch.amp.GradScaler(device.type)") if v == "fp16" else Lines()),
     Knob("compile", str, "off", "torch.compile mode",
          choices=_compile_choices, value_unavailable=_compile_value,
          check=one_of("off", "default", "reduce-overhead", "max-autotune"),
-         applied_by="prepare", read=_compile_used, lines=_compile_line),
+         applied_by="prepare", read=_compile_used, lines=_compile_line, problem=_compile_problem),
     Knob("channels_last", bool, False, "NHWC memory format for conv nets",
          choices=lambda ctx: [False, True], unavailable=_no_conv,
          applied_by="prepare", read=_channels_last_used,
@@ -340,12 +382,13 @@ KNOBS = (
     Knob("dataloader_in_order", bool, True,
          "DataLoader in_order: false hands batches out as workers finish them (a slow sample stalls no one)",
          choices=lambda ctx: [True, False], unavailable=_no_in_order, inactive=_needs_workers,
-         applied_by="dataloader", read=_in_order_used,
+         applied_by="dataloader", read=_in_order_used, problem=_in_order_problem,
          lines=lambda v: _code("in_order=False") if v is False else Lines()),
     Knob("expandable_segments", bool, False,
          "CUDA caching allocator expandable_segments (PYTORCH_CUDA_ALLOC_CONF): less fragmentation",
          choices=lambda ctx: [False, True], unavailable=_no_cuda,
          environ=_set_allocator, read=_expandable_segments_used,
+         problem=_cuda_only("expandable_segments=True is a setting of the CUDA caching allocator"),
          lines=lambda v: Lines(env=(f"os.environ['{ALLOC_CONF}'] = 'expandable_segments:True'  # before torch "
                                     f"allocates CUDA memory",)) if v else Lines()),
 )

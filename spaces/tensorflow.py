@@ -250,6 +250,23 @@ def _pipeline_knob(name: str, kind: type, default: Any, help: str, **search: Any
     return Knob(name, kind, default, help, applied_by="dataset", read=_from_pipeline(name), **search)
 
 
+
+# Why this process's device cannot apply a value (in the child and in production): ``hw`` is
+# trainers/tensorflow/env.hardware().
+
+def _precision_problem(value: Any, knobs: Mapping[str, Any], hw: Mapping[str, Any]) -> str | None:
+    if value == "mixed_float16" and not hw.get("gpu"):
+        return "mixed_precision='mixed_float16' (with loss scaling) needs a GPU; this process has none"
+    if value == "mixed_bfloat16" and not hw.get("bf16"):
+        return "mixed_precision='mixed_bfloat16' is not supported by this GPU (before Ampere)"
+    return None
+
+
+def _thread_mode_problem(value: Any, knobs: Mapping[str, Any], hw: Mapping[str, Any]) -> str | None:
+    if value != "global" and not hw.get("gpu"):
+        return f"gpu_thread_mode={value!r} sets the GPU's launch threads; this process has no GPU"
+    return None
+
 KNOBS = (
     batch_size_knob(applied_by="dataset", read=_from_pipeline("batch_size")),
     accumulation_knob("Keras 3 optimizer gradient_accumulation_steps", applied_by="compile",
@@ -278,6 +295,7 @@ KNOBS = (
     Knob("mixed_precision", str, "float32", "Keras dtype policy; mixed_float16 adds a LossScaleOptimizer",
          choices=_precision_choices, value_unavailable=_precision_value,
          check=one_of("float32", "mixed_bfloat16", "mixed_float16"), apply=_set_policy, read=_policy_used,
+         problem=_precision_problem,
          lines=lambda v: _code(f"keras.mixed_precision.set_global_policy({v!r})  # before the model is built")
          if v != "float32" else Lines()),
     Knob("steps_per_execution", int, 1, "train steps per host call",
@@ -303,6 +321,7 @@ KNOBS = (
          "TF_GPU_THREAD_MODE: gpu_private gives the GPU its own kernel-launch threads",
          choices=lambda ctx: ["global", "gpu_private"], unavailable=_no_gpu,
          check=one_of("global", "gpu_private", "gpu_shared"), apply=_set_thread_mode, read=_thread_mode_used,
+         problem=_thread_mode_problem,
          lines=lambda v: Lines(env=(f"os.environ['{THREAD_MODE_ENV}'] = {v!r}",)) if v != "global" else Lines()),
     _pipeline_knob("map_parallelization", bool, True,
                    "tf.data Options: run stateless sequential maps in parallel (default on)",

@@ -239,3 +239,23 @@ def test_every_knob_says_how_it_is_applied_and_read_back(framework):
         assert knob.read is not unread, f"{framework} knob {knob.name} is never read back"
         if knob.applied_by == "load":
             assert knob.apply or knob.environ, f"{framework} knob {knob.name} is applied by nothing"
+
+
+def test_the_child_checks_each_value_by_its_knobs_definition():
+    """Space.problems (a trial's child, production's Tuned.load): a value the knob does not take,
+    or one this process's device lacks, says which knob and why; the others pass."""
+    from knobtune.spaces.tensorflow import SPACE as TF
+
+    cpu = {"cuda": False, "bf16": True, "loader_in_order": True}
+    found = SPACE.problems({"amp": "fp16", "compile": "reduce-overhead", "pin_memory": True, "num_workers": 2,
+                            "matmul_precision": "lowest", "expandable_segments": False}, cpu)
+    assert set(found) == {"amp", "compile", "pin_memory", "matmul_precision"}
+    assert "needs CUDA; this process has no CUDA device" in found["amp"]
+    assert found["matmul_precision"].startswith("matmul_precision='lowest': expected one of")
+    gpu = {"cuda": True, "bf16": True, "loader_in_order": True}
+    graphs = SPACE.problems({"compile": "max-autotune", "accumulation_steps": 2}, gpu)
+    assert "accumulation_steps=2 needs compile 'off' or 'default'" in graphs["compile"]
+    assert SPACE.problems({"compile": "max-autotune", "accumulation_steps": 1, "amp": "bf16"}, gpu) == {}
+    tf = TF.problems({"mixed_precision": "mixed_float16", "gpu_thread_mode": "gpu_private",
+                      "steps_per_execution": 0, "loop": "fit"}, {"gpu": False, "bf16": True})
+    assert set(tf) == {"mixed_precision", "gpu_thread_mode", "steps_per_execution"}

@@ -15,11 +15,8 @@ from torch.utils.data import DataLoader
 from knobtune.spaces.pytorch import SPACE
 from knobtune.trainers.common import hostinfo
 from knobtune.trainers.common.errors import InvalidKnobs
-from knobtune.trainers.pytorch import compiled
 
 AMP_DTYPES = {"bf16": torch.bfloat16, "fp16": torch.float16}
-COMPILE_MODES = ("off", "default", "reduce-overhead", "max-autotune")
-MATMUL_PRECISIONS = ("highest", "high", "medium")
 LOADER_KNOBS = SPACE.applied_by("dataloader")
 # the DataLoader argument of a loader knob whose name is not the argument's
 LOADER_ARGUMENTS = {"dataloader_in_order": "in_order"}
@@ -39,41 +36,11 @@ def check(knobs: dict[str, Any], device: torch.device) -> None:
 
 
 def problems(knobs: dict[str, Any], device: torch.device) -> dict[str, str]:
-    """Knob -> why this device cannot apply its value (empty when all apply)."""
-    out: dict[str, str] = {}
-    amp = knobs.get("amp", "off")
-    if amp not in ("off", *AMP_DTYPES):
-        out["amp"] = f"amp={amp!r}: expected 'off', 'bf16' or 'fp16'"
-    elif amp == "fp16" and device.type != "cuda":
-        out["amp"] = "amp='fp16' (with GradScaler) needs CUDA; this process has no CUDA device"
-    elif amp == "bf16" and device.type == "cuda" and not torch.cuda.is_bf16_supported(including_emulation=False):
-        out["amp"] = "amp='bf16' is not supported by this GPU"
-    mode = knobs.get("compile", "off")
-    if mode not in COMPILE_MODES:
-        out["compile"] = f"compile={mode!r}: expected one of {', '.join(COMPILE_MODES)}"
-    elif mode == "reduce-overhead" and device.type != "cuda":
-        out["compile"] = "compile='reduce-overhead' captures CUDA graphs and needs CUDA"
-    elif compiled.uses_cuda_graphs(mode, device) and int(knobs.get("accumulation_steps", 1)) > 1:
-        # AccumulateGrad keeps the first backward's gradient, which lives in the CUDA-graph pool,
-        # as .grad; the next replay overwrites it.
-        out["compile"] = (f"compile={mode!r} replays CUDA graphs, which overwrite gradients accumulated across "
-                          f"micro-batches: accumulation_steps={knobs['accumulation_steps']} needs compile 'off' "
-                          f"or 'default'")
-    precision = knobs.get("matmul_precision", "highest")
-    if precision not in MATMUL_PRECISIONS:
-        out["matmul_precision"] = f"matmul_precision={precision!r}: expected one of {', '.join(MATMUL_PRECISIONS)}"
-    if knobs.get("pin_memory") and device.type != "cuda":
-        out["pin_memory"] = "pin_memory=True needs CUDA; this process has no CUDA device"
-    if knobs.get("expandable_segments") and device.type != "cuda":
-        out["expandable_segments"] = ("expandable_segments=True is a setting of the CUDA caching allocator; this "
-                                      "process has no CUDA device")
-    impl = knobs.get("optimizer_impl", "default")
-    if impl not in OPTIMIZER_IMPLS:
-        out["optimizer_impl"] = f"optimizer_impl={impl!r}: expected one of {', '.join(OPTIMIZER_IMPLS)}"
-    if knobs.get("dataloader_in_order") is False and not loader_in_order():
-        out["dataloader_in_order"] = (f"dataloader_in_order=False needs torch >= 2.6 (DataLoader's in_order "
-                                      f"argument); this is torch {torch.__version__}")
-    return out
+    """Knob -> why this device cannot apply its value (empty when all apply): each knob's
+    ``check`` and ``problem`` (spaces/pytorch.py) on this device's facts."""
+    from knobtune.trainers.pytorch import env
+
+    return SPACE.problems(knobs, env.hardware(cuda=device.type == "cuda"))
 
 
 def loader_in_order() -> bool:

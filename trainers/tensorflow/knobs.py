@@ -16,8 +16,6 @@ from knobtune.trainers.common import hostinfo
 from knobtune.trainers.common.errors import InvalidKnobs
 
 POLICIES = ("float32", "mixed_bfloat16", "mixed_float16")
-LOOPS = ("fit", "custom")
-GPU_THREAD_MODES = ("global", "gpu_private", "gpu_shared")
 PIPELINE_KNOBS = SPACE.applied_by("dataset")
 COMPILE_KNOBS = SPACE.applied_by("compile")
 # What each knob is when nobody set it: TensorFlow's and Keras' own defaults (batch_size: the
@@ -26,33 +24,9 @@ DEFAULTS: dict[str, Any] = {**{k.name: k.default for k in SPACE.knobs if k.name 
 
 
 def problems(knobs: dict[str, Any], hardware: dict[str, Any]) -> dict[str, str]:
-    """Knob -> why this machine cannot apply its value (empty when all apply)."""
-    out: dict[str, str] = {}
-    policy = knobs.get("mixed_precision", "float32")
-    if policy not in POLICIES:
-        out["mixed_precision"] = f"mixed_precision={policy!r}: expected one of {', '.join(POLICIES)}"
-    elif policy == "mixed_float16" and not hardware.get("gpu"):
-        out["mixed_precision"] = ("mixed_precision='mixed_float16' (with loss scaling) needs a GPU; this process "
-                                  "has none")
-    elif policy == "mixed_bfloat16" and not hardware.get("bf16"):
-        out["mixed_precision"] = "mixed_precision='mixed_bfloat16' is not supported by this GPU (before Ampere)"
-    loop = knobs.get("loop", "fit")
-    if loop not in LOOPS:
-        out["loop"] = f"loop={loop!r}: expected 'fit' or 'custom'"
-    for name in ("accumulation_steps", "steps_per_execution"):
-        value = knobs.get(name, 1)
-        if not isinstance(value, int) or isinstance(value, bool) or value < 1:
-            out[name] = f"{name}={value!r}: expected an integer >= 1"
-    mode = knobs.get("gpu_thread_mode", "global")
-    if mode not in GPU_THREAD_MODES:
-        out["gpu_thread_mode"] = f"gpu_thread_mode={mode!r}: expected one of {', '.join(GPU_THREAD_MODES)}"
-    elif mode != "global" and not hardware.get("gpu"):
-        out["gpu_thread_mode"] = f"gpu_thread_mode={mode!r} sets the GPU's launch threads; this process has no GPU"
-    threads = knobs.get("private_threadpool_size", 0)
-    if not isinstance(threads, int) or isinstance(threads, bool) or threads < 0:
-        out["private_threadpool_size"] = (f"private_threadpool_size={threads!r}: expected an integer >= 0 "
-                                          f"(0: TensorFlow's shared pool)")
-    return out
+    """Knob -> why this machine cannot apply its value (empty when all apply): each knob's
+    ``check`` and ``problem`` (spaces/tensorflow.py) on ``hardware`` (env.hardware())."""
+    return SPACE.problems(knobs, hardware)
 
 
 def check(knobs: dict[str, Any], hardware: dict[str, Any]) -> None:
