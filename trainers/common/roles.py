@@ -1,14 +1,15 @@
 """The roles a ``Tuned`` plays, framework-free. Why the script runs decides what its calls do: a
 trial measures a burst, the diagnosis measures the input and compute ceilings, the probe
 describes the workload, production runs an export's knobs under a watchdog, and without a
-config the script's own settings apply. Each role is a driver: ``TunedBase.choose`` picks one
+config the script's own settings apply. Each role is a driver: ``TunedBase._choose`` picks one
 once, when the ``Tuned`` is made, and the ``Tuned``'s calls hand it what depends on the role.
 
 Here are the parts every framework shares: ``Driver`` (what a role does unless it says
 otherwise), ``Measuring`` (the trial's and the diagnosis's: a trial's knobs, its report, its
 outcome) and ``Diagnosing`` (the diagnosis's result). Each framework's ``roles.py`` has the
-drivers themselves, the same names in both: ``Trial``, ``Diagnose``, ``Probe``, ``Default``,
-``Production``, over a framework ``Driver`` that mixes in these.
+drivers themselves, the same names in both: ``TrialDriver``, ``DiagnoseDriver``, ``ProbeDriver``,
+``DefaultDriver``, ``ProductionDriver``, over a framework ``Driver``; the trial's and the
+diagnosis's mix in ``Measuring`` and ``Diagnosing``.
 """
 from __future__ import annotations
 

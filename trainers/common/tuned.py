@@ -83,7 +83,7 @@ def export_knobs(path: str | os.PathLike[str] | None, framework: str, *, version
 
 
 class TunedBase:
-    """What every framework's ``Tuned`` does alike: its role's driver (``choose``), the accuracy
+    """What every framework's ``Tuned`` does alike: its role's driver (``_choose``), the accuracy
     report, the live figures, the result. A subclass sets ``used`` (the API calls the script
     made) and ``created``, names its drivers in ``DRIVERS`` (role -> driver class), in
     ``EXERCISED_BY`` the call that applies each knob, in ``START_HINT`` the call that starts the
@@ -100,7 +100,7 @@ class TunedBase:
     lr_scale: float
     guarded: bool
 
-    def choose(self, role: str, trial: Trial | None, config: dict[str, Any] | None,
+    def _choose(self, role: str, trial: Trial | None, config: dict[str, Any] | None,
                settings: WatchdogSettings | None) -> None:
         """The one place the role is read: its driver serves this Tuned from now on."""
         self.driver = self.DRIVERS[role](self, trial, config, settings)

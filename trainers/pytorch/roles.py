@@ -1,11 +1,11 @@
 """The roles a PyTorch ``Tuned`` plays, one driver each (the framework-free part:
 trainers/common/roles.py), chosen once when the ``Tuned`` is made (``DRIVERS``):
 
-    Trial       the measured burst: warm-up, settle, windows, the NaN guard, pruning progress
-    Diagnose    the input ceiling (the loader alone) and the compute ceiling (the step alone)
-    Probe       the script's job described at its first batch, then the script stopped
-    Default     no config: the script's own settings, each ``kt.batches`` one watched pass
-    Production  an export's knobs: the same pass, its rate against the confirmed one
+    TrialDriver       the measured burst: warm-up, settle, windows, the NaN guard, pruning progress
+    DiagnoseDriver    the input ceiling (the loader alone) and the compute ceiling (the step alone)
+    ProbeDriver       the script's job described at its first batch, then the script stopped
+    DefaultDriver     no config: the script's own settings, each ``kt.batches`` one watched pass
+    ProductionDriver  an export's knobs: the same pass, its rate against the confirmed one
 
 A driver's ``batches`` is the generator the script iterates, handed out as it is: a step costs
 no call more than the loop itself.
@@ -73,7 +73,7 @@ class Driver(roles.Driver):
         raise NotImplementedError
 
 
-class Default(Driver):
+class DefaultDriver(Driver):
     """No config: the script's own settings; each ``kt.batches`` is one pass over the loader,
     watched (samples/s between device syncs at the watchdog's interval, the guard read there)."""
 
@@ -110,12 +110,12 @@ class Default(Driver):
             watchdog.pause()
 
 
-class Production(Default):
+class ProductionDriver(DefaultDriver):
     """An export's knobs (``Tuned.load`` checked them), the same watched pass; the watchdog
     compares the live rate with the rate the export was confirmed at."""
 
 
-class Probe(Driver):
+class ProbeDriver(Driver):
     """The probe: the script runs with its own settings until its first ``kt.batches``, which
     describes its job (``description``) and stops it."""
 
@@ -137,7 +137,7 @@ class Probe(Driver):
         yield  # pragma: no cover - makes this a generator
 
 
-class Trial(roles.Measuring, Driver):
+class TrialDriver(roles.Measuring, Driver):
     """The trial: every knob is the trial's and checked; the loader is seeded (order and
     augmentation independent of the workers) and drops its last partial batch; the first
     ``kt.batches`` is the measured burst (warm-up, settle, windows over ``train_samples``, epoch
@@ -356,7 +356,7 @@ class Trial(roles.Measuring, Driver):
                       peak_memory_mb=K.peak_memory_mb(kt.device), memory_limit_mb=K.memory_limit_mb(kt.device))
 
 
-class Diagnose(roles.Diagnosing, Trial):
+class DiagnoseDriver(roles.Diagnosing, TrialDriver):
     """The bottleneck diagnosis, in place of the burst: the input ceiling (the loader alone, per
     variant) and the compute ceiling (the script's step on one batch already on the device)."""
 
@@ -411,5 +411,5 @@ class Diagnose(roles.Diagnosing, Trial):
         return float(record.measurement()["samples_per_second"])
 
 
-DRIVERS: dict[str, type[Driver]] = {"trial": Trial, "diagnose": Diagnose, "probe": Probe, "default": Default,
-                                    "production": Production}
+DRIVERS: dict[str, type[Driver]] = {"trial": TrialDriver, "diagnose": DiagnoseDriver, "probe": ProbeDriver,
+                                    "default": DefaultDriver, "production": ProductionDriver}

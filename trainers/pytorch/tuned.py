@@ -37,7 +37,7 @@ from knobtune.trainers.common.wire import Request
 from knobtune.trainers.pytorch import compiled
 from knobtune.trainers.pytorch import knobs as K
 from knobtune.trainers.pytorch.loops import LossGuard, channels_last, to_device
-from knobtune.trainers.pytorch.roles import DRIVERS
+from knobtune.trainers.pytorch.roles import DRIVERS, Driver
 
 _ACTIVE: "Tuned | None" = None  # the trial or probe this child process runs
 
@@ -60,6 +60,7 @@ class Tuned(TunedBase):
     }
     START_HINT = "does it iterate kt.batches(...)?"
     DRIVERS = DRIVERS
+    driver: Driver
 
     def __init__(self, knobs: dict[str, Any], *, role: str, explicit: set[str] | None = None,
                  trial: Trial | None = None, config: dict[str, Any] | None = None,
@@ -69,7 +70,7 @@ class Tuned(TunedBase):
         self.config = config
         self.device = device or torch.device("cuda" if torch.cuda.is_available() else "cpu")
         self.created = time.perf_counter()
-        self.choose(role, trial, config, settings)
+        self._choose(role, trial, config, settings)
         wanted = self.driver.applies(self.knobs, self.explicit)
         SPACE.apply(self.knobs, wanted, Trained(self.device, self.knobs), environ=True)  # before CUDA allocates
         self.driver.check()

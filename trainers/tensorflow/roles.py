@@ -1,11 +1,11 @@
 """The roles a TensorFlow ``Tuned`` plays, one driver each (the framework-free part:
 trainers/common/roles.py), chosen once when the ``Tuned`` is made (``DRIVERS``):
 
-    Trial       the measured burst: warm-up, settle, windows, the NaN guard, pruning progress
-    Diagnose    the input ceiling (the pipeline alone) and the compute ceiling (the step alone)
-    Probe       the script's job described at its first ``kt.fit``, then the script stopped
-    Default     no config: the script's own settings, ``kt.fit`` its ``model.fit``, watched
-    Production  an export's knobs: the same fit, its rate against the confirmed one
+    TrialDriver       the measured burst: warm-up, settle, windows, the NaN guard, pruning progress
+    DiagnoseDriver    the input ceiling (the pipeline alone) and the compute ceiling (the step alone)
+    ProbeDriver       the script's job described at its first ``kt.fit``, then the script stopped
+    DefaultDriver     no config: the script's own settings, ``kt.fit`` its ``model.fit``, watched
+    ProductionDriver  an export's knobs: the same fit, its rate against the confirmed one
 
 ``kt.fit`` hands its model and dataset to the driver once; the steps run inside Keras (or the
 custom loop), timed by callbacks at execution boundaries.
@@ -82,7 +82,7 @@ class Driver(roles.Driver):
         raise NotImplementedError
 
 
-class Default(Driver):
+class DefaultDriver(Driver):
     """No config: the script's own settings; ``kt.fit`` is its ``model.fit``, with the watchdog's
     callback."""
 
@@ -101,7 +101,7 @@ class Default(Driver):
         return model.fit(dataset, epochs=epochs, callbacks=callbacks, **kwargs)
 
 
-class Production(Default):
+class ProductionDriver(DefaultDriver):
     """An export's knobs (``Tuned.load`` checked them), the same watched fit; the watchdog
     compares the live rate with the rate the export was confirmed at."""
 
@@ -113,7 +113,7 @@ class Production(Default):
                         f"build it after Tuned.load(), which sets Keras' global dtype policy")
 
 
-class Probe(Driver):
+class ProbeDriver(Driver):
     """The probe: the script runs with its own settings until its first ``kt.fit``, which
     describes its job (``description``: with the settings it gave kt.dataset and kt.compile)
     and stops it."""
@@ -148,7 +148,7 @@ class Probe(Driver):
         raise ScriptDone
 
 
-class Trial(roles.Measuring, Driver):
+class TrialDriver(roles.Measuring, Driver):
     """The trial: every knob is the trial's and checked; the pipeline repeats, seeded, and drops
     its last partial batch; the first ``kt.fit`` is the measured burst (``train_samples``,
     whatever ``epochs`` says), every later one trains nothing more."""
@@ -167,7 +167,8 @@ class Trial(roles.Measuring, Driver):
                                f"({records} samples)")
         return plan
 
-    def start(self, model: keras.Model, dataset: tf.data.Dataset) -> tuple[Schedule, Made | None, tf.data.Dataset] | None:
+    def start(self, model: keras.Model,
+              dataset: tf.data.Dataset) -> tuple[Schedule, Made | None, tf.data.Dataset] | None:
         """The burst's schedule, the pipeline ``kt.dataset`` built (None: another) and the data it
         trains on (repeated); None when the burst already ran."""
         trial, kt = self.trial, self.kt
@@ -275,7 +276,7 @@ class Trial(roles.Measuring, Driver):
                       **outcome, peak_memory_mb=K.peak_memory_mb(kt.gpu), memory_limit_mb=K.memory_limit_mb(kt.gpu))
 
 
-class Diagnose(roles.Diagnosing, Trial):
+class DiagnoseDriver(roles.Diagnosing, TrialDriver):
     """The bottleneck diagnosis, in place of the burst: the input ceiling (the pipeline alone,
     per variant) and the compute ceiling (the train step under @tf.function on one batch
     already on the device, with the trial's XLA, dtype policy and accumulation), each timed
@@ -336,5 +337,5 @@ def _knob_value(name: str, value: Any) -> bool:
     return isinstance(value, int) and not isinstance(value, bool) and value >= 1
 
 
-DRIVERS: dict[str, type[Driver]] = {"trial": Trial, "diagnose": Diagnose, "probe": Probe, "default": Default,
-                                    "production": Production}
+DRIVERS: dict[str, type[Driver]] = {"trial": TrialDriver, "diagnose": DiagnoseDriver, "probe": ProbeDriver,
+                                    "default": DefaultDriver, "production": ProductionDriver}

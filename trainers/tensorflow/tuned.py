@@ -40,7 +40,7 @@ from knobtune.trainers.tensorflow import env
 from knobtune.trainers.tensorflow import knobs as K
 from knobtune.trainers.tensorflow.data import AUTOTUNE, build_pipeline, describe_pipeline, options_knobs, pipeline_knobs
 from knobtune.trainers.tensorflow.loops import CustomStep, FirstNonFinite, with_guard
-from knobtune.trainers.tensorflow.roles import DRIVERS
+from knobtune.trainers.tensorflow.roles import DRIVERS, Driver
 
 LOOP_WHY = ("the script trains through kt.fit (Keras model.fit); loop='custom' is knobtune's own @tf.function "
             "loop for its built-in workloads")
@@ -89,6 +89,7 @@ class Tuned(TunedBase):
     }
     START_HINT = "does it call kt.fit(model, dataset)?"
     DRIVERS = DRIVERS
+    driver: Driver
 
     def __init__(self, knobs: dict[str, Any], *, role: str, explicit: set[str] | None = None,
                  trial: Trial | None = None, config: dict[str, Any] | None = None,
@@ -96,7 +97,7 @@ class Tuned(TunedBase):
         self.knobs = {**K.DEFAULTS, "batch_size": None, **knobs}
         self.explicit = set(knobs) if explicit is None else explicit
         self.config = config
-        self.choose(role, trial, config, settings)
+        self._choose(role, trial, config, settings)
         # before env.hardware() lists the devices (which reads the environment)
         late = SPACE.apply(self.knobs, self.explicit, Trained(self.knobs), environ=True)
         self.hardware = env.hardware()
