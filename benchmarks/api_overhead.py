@@ -98,7 +98,7 @@ def main() -> int:
     for name in loops:
         print(f"{name:<10} {statistics.median(rates[name]):>9,.0f} samples/s (median of {args.rounds} rounds)")
     quartiles = statistics.quantiles(ratios, n=4)
-    print(f"a step by hand: {step_us:.0f} us; the watchdog closed {len(kt.watchdog.intervals)} intervals")
+    print(f"a step by hand: {step_us:.0f} us; the watchdog closed {len(kt.driver.watchdog.intervals)} intervals")
     print(f"Tuned API / by hand: median {statistics.median(ratios):.3f} over {len(ratios)} paired rounds "
           f"(quartiles {quartiles[0]:.3f}-{quartiles[2]:.3f}); target >= 0.98")
     return 0

@@ -35,7 +35,8 @@ def main() -> int:
     args = parser.parse_args()
 
     from knobtune.trainers.common.wire import Burst, Request
-    from knobtune.trainers.pytorch.tuned import LossGuard, for_request
+    from knobtune.trainers.pytorch.loops import LossGuard
+    from knobtune.trainers.pytorch.tuned import for_request
     from knobtune.trainers.pytorch.workload import load
 
     total = args.rounds * args.steps + 200
@@ -48,7 +49,7 @@ def main() -> int:
         model = workload.build_model()
         trained, optimizer = kt.prepare(model, workload.build_optimizer(model.parameters()))
         kt.guard = LossGuard(total, kt.device)
-        setups[guard] = (kt, kt._endless(loader, total), trained, optimizer)
+        setups[guard] = (kt, kt.driver.endless(loader, total), trained, optimizer)
     steps = {True: 0, False: 0}
 
     def run(guard: bool, count: int) -> float:
@@ -61,7 +62,7 @@ def main() -> int:
                 loss = workload.loss_fn(trained(inputs), targets)
             kt.backward(loss, optimizer)
             steps[guard] += 1
-        reading = kt._checkpoint()
+        reading = kt.driver.checkpoint()
         assert reading.finite
         return count * KNOBS["batch_size"] / (time.perf_counter() - start)
 

@@ -336,7 +336,7 @@ def test_batches_of_namedtuples_and_mappings_move_and_count():
     code = """
 from collections import UserDict, namedtuple
 import torch
-from knobtune.trainers.pytorch.tuned import count, to_device
+from knobtune.trainers.pytorch.loops import count, to_device
 Pair = namedtuple("Pair", "x y")
 moved = to_device(Pair(torch.zeros(4, 3), torch.ones(4)), torch.device("cpu"), False)
 encoding = UserDict({"input_ids": torch.zeros(5, 7, dtype=torch.long), "labels": torch.ones(5)})

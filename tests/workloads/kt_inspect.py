@@ -11,7 +11,8 @@ from torch.utils._python_dispatch import TorchDispatchMode
 
 from knobtune.spaces import for_framework
 from knobtune.trainers.common.wire import Burst, Request
-from knobtune.trainers.pytorch.tuned import LossGuard, Tuned, for_request
+from knobtune.trainers.pytorch.loops import LossGuard
+from knobtune.trainers.pytorch.tuned import Tuned, for_request
 from knobtune.trainers.pytorch.workload import load
 
 BURST = Burst(train_samples=2048, warmup_samples=64, windows=3)
@@ -88,7 +89,7 @@ def guard_ops() -> dict[str, Any]:
             for i in range(1, 21):
                 step(i, inputs, targets)
         counts[guard] = mode.count / 20
-        reading = kt._checkpoint()
+        reading = kt.driver.checkpoint()
         kt.close()
         if guard:
             finite, mean_loss = reading.finite, reading.mean_loss

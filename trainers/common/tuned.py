@@ -1,26 +1,28 @@
 """The framework-free half of the integration API (``trainers/<framework>/tuned.py``): a trial's
-state inside its child, the production export loaded and checked, the accuracy report that ends
-a trial's script after its burst, the knobs a script never exercised, and the trial's outcome.
+state inside its child, the production export loaded and checked, the accuracy report, the
+knobs a script never exercised, and a child's run of a request.
 
 Each framework's ``Tuned`` subclasses ``TunedBase`` and adds the calls that touch its framework
-(building the input pipeline, preparing the model, the measured loop).
+(building the input pipeline, preparing the model, the step); what a call does that depends on
+the role (trial, diagnose, probe, production, default) is its driver's (trainers/common/roles.py,
+trainers/<framework>/roles.py).
 """
 from __future__ import annotations
 
 import os
-import time
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Callable, ClassVar
+from typing import TYPE_CHECKING, Any, Callable, ClassVar
 
 from knobtune.trainers.common import production, script
 from knobtune.trainers.common.errors import WorkloadError
-from knobtune.trainers.common.production import ConfigError, Watchdog, log
+from knobtune.trainers.common.production import ConfigError, WatchdogSettings, log
 from knobtune.trainers.common.protocol import BurstRecord, Schedule, WindowTimer
 from knobtune.trainers.common.script import ScriptDone
 from knobtune.trainers.common.wire import Request, Result
 
-TRIAL_ROLES = ("trial", "diagnose")
+if TYPE_CHECKING:
+    from knobtune.trainers.common.roles import Driver
 
 
 @dataclass
@@ -41,8 +43,6 @@ class Trial:
     setup_seconds: float | None = None
     burst_end: float | None = None
     eval_seconds: float | None = None
-    diagnosis: dict[str, Any] | None = None
-    description: dict[str, Any] = field(default_factory=dict)  # the probe's
 
     @property
     def script(self) -> bool:
@@ -83,20 +83,34 @@ def export_knobs(path: str | os.PathLike[str] | None, framework: str, *, version
 
 
 class TunedBase:
-    """What every framework's ``Tuned`` does alike. A subclass sets ``role``, ``trial``,
-    ``used`` (the API calls the script made), ``watchdog`` and ``created``, and names in
-    ``EXERCISED_BY`` the call that applies each knob, in ``START_HINT`` the call that starts
-    the burst."""
+    """What every framework's ``Tuned`` does alike: its role's driver (``_choose``), the accuracy
+    report, the live figures, the result. A subclass sets ``used`` (the API calls the script
+    made) and ``created``, names its drivers in ``DRIVERS`` (role -> driver class), in
+    ``EXERCISED_BY`` the call that applies each knob, in ``START_HINT`` the call that starts the
+    burst."""
 
+    DRIVERS: ClassVar[dict[str, type[Driver]]] = {}
     EXERCISED_BY: ClassVar[dict[str, tuple[tuple[str, ...], str]]] = {}
     START_HINT: ClassVar[str] = ""
 
-    role: str
-    trial: Trial | None
+    driver: Driver
     used: set[str]
-    watchdog: Watchdog
     created: float
     accuracy: float | None = None
+    lr_scale: float
+    guarded: bool
+
+    def _choose(self, role: str, trial: Trial | None, config: dict[str, Any] | None,
+               settings: WatchdogSettings | None) -> None:
+        """The one place the role is read: its driver serves this Tuned from now on."""
+        self.driver = self.DRIVERS[role](self, trial, config, settings)
+        # read at every step (kt.backward): the Tuned's own attributes
+        self.lr_scale, self.guarded = self.driver.lr_scale, self.driver.guarded
+
+    @property
+    def trial(self) -> Trial | None:
+        """The trial this child runs (None outside a trial's, diagnosis's or probe's child)."""
+        return self.driver.trial
 
     def report(self, val_accuracy: float | None = None, **metrics: Any) -> None:
         """The script's held-out accuracy (in [0, 1]). In a trial, once the burst is over, this
@@ -106,19 +120,21 @@ class TunedBase:
             if not 0.0 <= value <= 1.0:
                 raise WorkloadError(f"kt.report(val_accuracy={val_accuracy!r}): expected a fraction in [0, 1]")
             self.accuracy = value
-        trial = self.trial
-        if trial is not None and self.role in TRIAL_ROLES:
-            trial.metrics.update(metrics)
-            if trial.started and trial.burst_end is not None:
-                trial.accuracy = self.accuracy
-                trial.eval_seconds = time.perf_counter() - trial.burst_end
-                raise ScriptDone
-            return
-        log.info("report: " + ", ".join(f"{k}={v}" for k, v in {"val_accuracy": val_accuracy, **metrics}.items()
-                                        if v is not None))
+        self.driver.report(val_accuracy, metrics)
+
+    def stats(self) -> dict[str, Any]:
+        """Live figures: in production the watchdog's (last interval's and mean samples/s against
+        the confirmed rate) and the knobs read back; in a trial the burst's measurement so far."""
+        return self.driver.stats()
+
+    def result(self) -> Result:
+        """The trial's result (what the child writes): measurements, knobs read back, accuracy,
+        the outcome; or the diagnosis."""
+        return self.driver.result()
 
     def close(self) -> None:
         """Release what the trial holds (loader workers ...) once its result is taken."""
+        self.driver.close()
 
     def uncalled(self) -> dict[str, str]:
         """Knob -> why it was not applied, for each call of ``EXERCISED_BY`` the script never made."""
@@ -138,30 +154,6 @@ class TunedBase:
             raise WorkloadError(f"the script never started batches: {self.START_HINT}")
         return trial
 
-    def judge(self, result: dict[str, Any], stopped: str) -> dict[str, Any]:
-        """``result`` with the trial's outcome: nan (with the step), invalid (the script left the
-        burst early: ``stopped`` says how, formatted with ``done`` and ``total`` micro-batches;
-        or it never reported its accuracy though the study needs it), else ok with the accuracy."""
-        trial = self.result_check()
-        record, schedule = trial.record, trial.schedule
-        assert record is not None and schedule is not None
-        if trial.eval_seconds is not None:
-            result["eval_seconds"] = trial.eval_seconds
-        if record.nan_step is not None:
-            result.update(outcome="nan", failure=f"loss became non-finite at step {record.nan_step} of "
-                                                 f"{schedule.total_steps}")
-        elif not trial.completed:
-            result.update(outcome="invalid", failure=stopped.format(done=trial.stopped_at, total=schedule.total_steps))
-        elif trial.accuracy is None and trial.request.accuracy_required:
-            result.update(outcome="invalid", failure="the script never reported its accuracy: call "
-                                                     "kt.report(val_accuracy=...) after training (or turn the "
-                                                     "accuracy guard off: [guard] accuracy = false)")
-        else:
-            if trial.accuracy is not None:
-                result["val_accuracy"] = trial.accuracy
-            result["outcome"] = "ok"
-        return result
-
 
 def run_request(request: Request, role: str, for_request: Callable[[Request, str], TunedBase],
                 train: Callable[[Request], None],
@@ -179,7 +171,7 @@ def run_request(request: Request, role: str, for_request: Callable[[Request, str
                 train(request)
             except ScriptDone:
                 pass
-        return Result.from_json(kt.result())  # type: ignore[attr-defined]
+        return kt.result()
     except Exception as exc:
         reason = oom_reason(exc, kt)
         if reason is None:

@@ -12,7 +12,8 @@ from knobtune.trainers.common.errors import WorkloadError
 from knobtune.trainers.common.tuned import run_request
 from knobtune.trainers.common.wire import Request, Result
 from knobtune.trainers.pytorch.faults import oom_reason
-from knobtune.trainers.pytorch.tuned import Tuned, for_request, to_device
+from knobtune.trainers.pytorch.loops import to_device
+from knobtune.trainers.pytorch.tuned import Tuned, for_request
 from knobtune.trainers.pytorch.workload import Workload, accuracy, load
 
 

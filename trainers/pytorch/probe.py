@@ -35,7 +35,7 @@ def describe_script(request: Request) -> dict[str, Any]:
     kt = for_request(replace(request, knobs={}), role="probe")
     script.run(request.script, list(request.args))
     kt.result_check()
-    seen = kt.trial.description  # type: ignore[union-attr]
+    seen = kt.driver.description  # type: ignore[attr-defined]
     models = [m for m, _ in kt.models]
     dataset = seen.get("dataset")
     settings = dict(seen.get("settings") or {})

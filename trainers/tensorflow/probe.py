@@ -38,7 +38,7 @@ def describe_script(request: Request) -> dict[str, Any]:
     kt = for_request(replace(request, knobs={}), role="probe")
     script.run(request.script, list(request.args))
     kt.result_check()
-    seen = kt.trial.description  # type: ignore[union-attr]
+    seen = kt.driver.description  # type: ignore[attr-defined]
     models = seen.get("models") or []
     made = seen.get("made")
     spec = seen["dataset"].element_spec

@@ -1,0 +1,74 @@
+"""The pieces of a PyTorch training loop that the integration API's drivers share: a batch's
+samples, its copy on the device (and channels_last), and the device-side NaN/Inf guard."""
+from __future__ import annotations
+
+from typing import Any, Mapping
+
+import numpy as np
+import torch
+
+from knobtune.trainers.common.script import batch_length
+
+
+def _leading(leaf: Any) -> int | None:
+    return int(leaf.shape[0]) if isinstance(leaf, torch.Tensor) and leaf.dim() > 0 else None
+
+
+def count(batch: Any) -> int:
+    """Samples in a batch: its first tensor's batch dimension (tuples, lists, dicts nested)."""
+    return batch_length(batch, _leading)
+
+
+def to_device(obj: Any, device: torch.device, non_blocking: bool) -> Any:
+    if isinstance(obj, torch.Tensor):
+        return obj.to(device, non_blocking=non_blocking)
+    if isinstance(obj, tuple) and hasattr(obj, "_fields"):  # a namedtuple
+        return type(obj)(*(to_device(o, device, non_blocking) for o in obj))
+    if isinstance(obj, (list, tuple)):
+        return type(obj)(to_device(o, device, non_blocking) for o in obj)
+    if isinstance(obj, Mapping):
+        moved = {k: to_device(v, device, non_blocking) for k, v in obj.items()}
+        try:
+            return type(obj)(moved)
+        except TypeError:  # a mapping that cannot be built from a dict
+            return moved
+    return obj
+
+
+class LossGuard:
+    """The device-side NaN/Inf guard: each micro-batch's loss is copied into a preallocated
+    device buffer (one small op, no sync); at a segment boundary the segment's slice is summed
+    once (a non-finite value survives the sum) and, only when it is not finite, searched for the
+    first bad step. (A Python list of loss tensors costs no device op but measured 1-2 % slower
+    on a fast CPU step: hundreds of live tensors lengthen the garbage collector's passes.)"""
+
+    def __init__(self, steps: int, device: torch.device) -> None:
+        self.losses = torch.zeros(max(1, steps), dtype=torch.float32, device=device)
+        self.read_to = 0  # micro-batches before the current segment
+        self.seen = 0     # micro-batches recorded so far
+
+    def record(self, i: int, loss: torch.Tensor) -> None:
+        self.losses[i % len(self.losses)].copy_(loss.detach())
+        self.seen = i + 1
+
+    def read(self) -> tuple[bool, int | None, float | None]:
+        """(finite, first bad step, mean loss) of the segment since the last read; after a sync."""
+        start, end = self.read_to, self.seen
+        self.read_to = end
+        if end <= start:
+            return True, None, None
+        segment = self.losses[start:end] if end <= len(self.losses) else self.losses
+        total = float(segment.sum().item())
+        if np.isfinite(total):
+            return True, None, total / len(segment)
+        bad = int((~torch.isfinite(segment)).nonzero()[0, 0].item())
+        return False, start + bad if end <= len(self.losses) else None, None
+
+
+def channels_last(batch: Any) -> Any:
+    if isinstance(batch, torch.Tensor):
+        return batch.contiguous(memory_format=torch.channels_last) if batch.dim() == 4 else batch
+    if isinstance(batch, (list, tuple)) and batch and not hasattr(batch, "_fields"):
+        # only the inputs (the first element) are images; targets stay as they are
+        return type(batch)([channels_last(batch[0]), *batch[1:]])
+    return batch
