@@ -15,6 +15,8 @@ from typing import Any, Mapping
 import optuna
 from optuna.trial import FrozenTrial
 
+from knobtune.trainers.common.wire import Measured
+
 
 @dataclass(frozen=True)
 class KnobEntry:
@@ -36,8 +38,10 @@ class KnobEntry:
 
 
 @dataclass(frozen=True)
-class TrialRecord:
-    """Every user attribute a trial stores, typed. ``None``: not measured or not applicable."""
+class TrialRecord(Measured):
+    """Every user attribute a trial stores, typed. ``None``: not measured or not applicable. What
+    the child measured are the wire's ``Measured`` fields (trainers/common/wire.py), the same as
+    its ``Result``'s; the rest is the engine's."""
 
     # where it came from
     outcome: str | None = None  # ok | nan | oom | timeout | crash | invalid | pruned
@@ -52,42 +56,14 @@ class TrialRecord:
     partition: dict[str, Any] | None = None
     # what it ran with
     knobs: Mapping[str, KnobEntry] = field(default_factory=dict)
-    applied: dict[str, Any] | None = None  # what the framework reported using (dtype, loader, ...)
-    not_exercised: dict[str, str] | None = None
-    lr_scale: float | None = None
-    effective_batch_size: int | None = None
-    loader: dict[str, Any] | None = None
-    pipeline: dict[str, Any] | None = None
-    placement: dict[str, Any] | None = None
     # what it measured
-    samples_per_second: float | None = None
-    samples_per_second_cv: float | None = None
     effective_samples_per_second: float | None = None
-    window_rates: list[float] | None = None
-    warmup_seconds: float | None = None
-    settle_seconds: float | None = None
-    settle_samples: int | None = None
-    settle_drained: bool | None = None
-    short_windows: dict[str, Any] | None = None
-    unsettled: dict[str, Any] | None = None
     noisy: bool | None = None
-    trained_samples: int | None = None
-    burst_seconds: float | None = None
     trial_seconds: float | None = None
     overhead_seconds: float | None = None
-    child_start: dict[str, Any] | None = None
     time_saved_seconds: float | None = None
-    peak_memory_mb: float | None = None
-    memory_limit_mb: float | None = None
     memory_fraction: float | None = None
     # what it learned
-    val_accuracy: float | None = None
-    final_loss: float | None = None
-    nan_step: int | None = None
-    amp_skipped_steps: int | None = None
-    evaluations: list[dict[str, Any]] | None = None
-    target_reached: bool | None = None
-    time_to_accuracy: float | None = None
     accuracy_reached: float | None = None
     accuracy_floor: float | None = None
     baseline_runs: list[dict[str, Any]] | None = None

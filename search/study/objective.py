@@ -8,7 +8,7 @@ from __future__ import annotations
 import statistics
 import threading
 from concurrent.futures import ThreadPoolExecutor
-from dataclasses import dataclass, replace
+from dataclasses import dataclass, fields, replace
 from pathlib import Path
 from typing import Any, Callable
 
@@ -22,15 +22,8 @@ from knobtune.search.storage.record import KnobEntry, TrialRecord
 from knobtune.search.story import results
 from knobtune.search.study.definition import Definition
 from knobtune.spaces.knobs import Context, Offer, Resolved, Space
-from knobtune.trainers.common.wire import Burst, Request
+from knobtune.trainers.common.wire import Burst, Measured, Request
 
-ATTR_FIELDS = (
-    "samples_per_second", "samples_per_second_cv", "warmup_seconds", "val_accuracy", "final_loss",
-    "effective_batch_size", "peak_memory_mb", "memory_limit_mb", "burst_seconds", "window_rates", "nan_step",
-    "amp_skipped_steps", "loader", "pipeline", "applied", "lr_scale", "evaluations", "target_reached",
-    "time_to_accuracy", "settle_seconds", "settle_samples", "settle_drained", "short_windows", "unsettled",
-    "not_exercised", "trained_samples", "placement", "child_start",
-)
 
 
 @dataclass(frozen=True)
@@ -120,7 +113,7 @@ def measurement_from_child(child: ChildResult, resolved: dict[str, Resolved], is
     """The trial's record of what its child measured (the child's ``Result``) and how it ended."""
     result = child.result
     outcome = "crash" if child.outcome == "error" else child.outcome
-    measured = {key: getattr(result, key) for key in ATTR_FIELDS}
+    measured = {f.name: getattr(result, f.name) for f in fields(Measured)}
     if outcome == "pruned":
         measured["window_rates"] = [s["rate"] for s in result.segments or [] if not s["warmup"] and s["rate"]]
     burst = measured["burst_seconds"]

@@ -93,7 +93,42 @@ class Request:
 
 
 @dataclass(frozen=True)
-class Result:
+class Measured:
+    """What a burst measured and applied, as the engine keeps it: the fields a trial's record
+    (search/storage/record.py) shares with the child's ``Result``, under the same names."""
+
+    samples_per_second: float | None = None
+    samples_per_second_cv: float | None = None
+    warmup_seconds: float | None = None
+    val_accuracy: float | None = None
+    final_loss: float | None = None
+    effective_batch_size: int | None = None
+    peak_memory_mb: float | None = None
+    memory_limit_mb: float | None = None
+    burst_seconds: float | None = None
+    window_rates: list[float] | None = None
+    nan_step: int | None = None
+    amp_skipped_steps: int | None = None
+    loader: dict[str, Any] | None = None  # PyTorch: the DataLoader's settings
+    pipeline: dict[str, Any] | None = None  # TensorFlow: the tf.data pipeline
+    applied: dict[str, Any] | None = None
+    lr_scale: float | None = None
+    evaluations: list[dict[str, float]] | None = None
+    target_reached: bool | None = None
+    time_to_accuracy: float | None = None
+    settle_seconds: float | None = None
+    settle_samples: int | None = None
+    settle_drained: bool | None = None
+    short_windows: dict[str, Any] | None = None
+    unsettled: dict[str, Any] | None = None
+    not_exercised: dict[str, str] | None = None  # knob -> why the script never applied it
+    trained_samples: int | None = None
+    placement: dict[str, Any] | None = None
+    child_start: str | None = None  # fresh | forked
+
+
+@dataclass(frozen=True)
+class Result(Measured):
     """What a child writes back: a burst's measurement and outcome, a probe's fingerprint and
     description, a diagnosis's ceilings, or (alone) the ``error`` of a workload at fault. None: not
     written. The runner adds the window ``segments`` of a pruned trial."""
@@ -102,49 +137,20 @@ class Result:
     failure: str | None = None
     error: str | None = None  # the user's workload is at fault (exit status 2)
     # the burst's measurement (protocol.BurstRecord.measurement)
-    samples_per_second: float | None = None
-    samples_per_second_cv: float | None = None
-    window_rates: list[float] | None = None
     window_samples: list[int] | None = None
     window_seconds: list[float] | None = None
-    warmup_seconds: float | None = None
     warmup_samples_measured: int | None = None
-    settle_seconds: float | None = None
-    settle_samples: int | None = None
-    settle_drained: bool | None = None
-    unsettled: dict[str, Any] | None = None
-    short_windows: dict[str, Any] | None = None
-    trained_samples: int | None = None
     steps: int | None = None
-    final_loss: float | None = None
-    burst_seconds: float | None = None
-    nan_step: int | None = None
-    evaluations: list[dict[str, float]] | None = None
-    target_reached: bool | None = None
-    time_to_accuracy: float | None = None
     # what the trial applied and how it ended
     knobs_effective: dict[str, Any] | None = None  # each knob read back from the framework
-    not_exercised: dict[str, str] | None = None  # knob -> why the script never applied it
     setup_seconds: float | None = None
     eval_seconds: float | None = None
-    effective_batch_size: int | None = None
-    lr_scale: float | None = None
-    amp_skipped_steps: int | None = None
-    applied: dict[str, Any] | None = None
-    loader: dict[str, Any] | None = None  # PyTorch: the DataLoader's settings
-    pipeline: dict[str, Any] | None = None  # TensorFlow: the tf.data pipeline
-    val_accuracy: float | None = None
-    peak_memory_mb: float | None = None
-    memory_limit_mb: float | None = None
     # the probe's and the diagnosis's
     fingerprint: dict[str, Any] | None = None
     workload: dict[str, Any] | None = None
     input_samples_per_second: float | None = None
     compute_samples_per_second: float | None = None
     input_variants: dict[str, float] | None = None
-    # where and how the child ran (trainers/common/child.py)
-    placement: dict[str, Any] | None = None
-    child_start: str | None = None  # fresh | forked
     segments: list[dict[str, Any]] | None = None  # a pruned trial's windows (the runner's)
     # Keys this version does not name, kept as they came: a measurement detail the engine does not
     # read must not cost a trial its result, and to_json(from_json(data)) gives data back.
