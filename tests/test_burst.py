@@ -76,10 +76,15 @@ def test_abort_is_a_crash_with_the_output_tail():
 
 
 def test_python_exception_is_a_crash_with_the_traceback_tail():
-    child = burst("kt_test_workloads:tiny", options={"train": 320, "val": 160, "batch_size": 32}, amp="bf16",
-                  batch_size="thirty-two")
+    child = burst("kt_test_workloads:eval_limit", options={"limit": 1}, amp="bf16")
     assert child.outcome == "crash" and "exited with status 1" in child.failure
-    assert "ValueError" in child.failure
+    assert "ValueError: evaluation batch of" in child.failure
+
+
+def test_a_value_the_knob_does_not_take_is_invalid_naming_the_knob():
+    child = burst("kt_test_workloads:tiny", options={"train": 320, "val": 160, "batch_size": 32},
+                  batch_size="thirty-two")
+    assert child.outcome == "invalid" and "batch_size='thirty-two': expected an integer" in child.failure
 
 
 def test_timeout_kills_the_whole_process_group():
