@@ -16,6 +16,9 @@ def _leading(leaf: Any) -> int | None:
 
 def count(batch: Any) -> int:
     """Samples in a batch: its first tensor's batch dimension (tuples, lists, dicts nested)."""
+    first = batch[0] if type(batch) in (list, tuple) and batch else batch
+    if type(first) is torch.Tensor and first.dim() > 0:  # (the common case, once per step: no walk)
+        return first.shape[0]
     return batch_length(batch, _leading)
 
 
@@ -44,11 +47,12 @@ class LossGuard:
 
     def __init__(self, steps: int, device: torch.device) -> None:
         self.losses = torch.zeros(max(1, steps), dtype=torch.float32, device=device)
+        self.slots = self.losses.unbind()  # one view per step, made once (indexing per step costs more)
         self.read_to = 0  # micro-batches before the current segment
         self.seen = 0     # micro-batches recorded so far
 
     def record(self, i: int, loss: torch.Tensor) -> None:
-        self.losses[i % len(self.losses)].copy_(loss.detach())
+        self.slots[i % len(self.slots)].copy_(loss.detach())
         self.seen = i + 1
 
     def read(self) -> tuple[bool, int | None, float | None]:
