@@ -6,9 +6,13 @@ import os
 import subprocess
 import sys
 import textwrap
+from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
+from typing import Callable, TypeVar
 
 import pytest
+
+T = TypeVar("T")
 
 ROOT = Path(__file__).resolve().parent.parent
 WORKLOADS = Path(__file__).resolve().parent / "workloads"
@@ -141,6 +145,14 @@ def run_script(script: Path, *args: str, config: Path | None = None, cwd: Path,
     env.update(extra_env or {})
     return subprocess.run([sys.executable, str(script), *args], cwd=cwd, env=env, capture_output=True,
                           text=True, timeout=300)
+
+
+def at_once(*calls: Callable[[], T]) -> list[T]:
+    """Each call (a child process to run and wait for, as a rule) on its own thread, all at once:
+    independent scripts whose start-up is mostly importing a framework need not wait for each
+    other. Their results, in order."""
+    with ThreadPoolExecutor(max_workers=len(calls)) as pool:
+        return [f.result() for f in [pool.submit(call) for call in calls]]
 
 
 def printed_json(proc: subprocess.CompletedProcess, prefix: str) -> dict:

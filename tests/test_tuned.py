@@ -16,7 +16,7 @@ import pytest
 from knobtune.trainers.common.wire import Burst, Request
 
 import conftest
-from conftest import FAST, WORKLOADS, knobtune, printed_json, script_study, stored
+from conftest import FAST, WORKLOADS, at_once, knobtune, printed_json, script_study, stored
 
 SCRIPT = WORKLOADS / "kt_script.py"
 
@@ -97,14 +97,13 @@ def test_script_without_config_runs_with_its_own_settings(tmp_path: Path):
 
 def test_export_of_another_format_or_framework_is_refused(tmp_path: Path):
     (tmp_path / "other.json").write_text(json.dumps({"format": "something/2", "framework": "pytorch", "knobs": {}}))
-    proc = run_script(config=tmp_path / "other.json", cwd=tmp_path)
-    assert proc.returncode != 0 and "format 'something/2', expected 'knobtune.best/1'" in proc.stderr
     (tmp_path / "tf.json").write_text(json.dumps({"format": "knobtune.best/1", "framework": "tensorflow",
                                                  "knobs": {}}))
-    proc = run_script(config=tmp_path / "tf.json", cwd=tmp_path)
-    assert proc.returncode != 0 and "an export of a tensorflow study, expected one of a pytorch study" in proc.stderr
-    proc = run_script(config=tmp_path / "missing.json", cwd=tmp_path)
-    assert proc.returncode != 0 and "no such file" in proc.stderr
+    other, tf, missing = at_once(*(partial(run_script, config=tmp_path / name, cwd=tmp_path)
+                                   for name in ("other.json", "tf.json", "missing.json")))
+    assert other.returncode != 0 and "format 'something/2', expected 'knobtune.best/1'" in other.stderr
+    assert tf.returncode != 0 and "an export of a tensorflow study, expected one of a pytorch study" in tf.stderr
+    assert missing.returncode != 0 and "no such file" in missing.stderr
 
 
 def test_another_machine_warns_and_unusable_knobs_fall_back(tmp_path: Path):

@@ -13,7 +13,7 @@ import optuna
 import pytest
 
 import conftest
-from conftest import FAST, WORKLOADS, knobtune, printed_json, script_study, stored
+from conftest import FAST, WORKLOADS, at_once, knobtune, printed_json, script_study, stored
 
 pytestmark = pytest.mark.tensorflow
 SCRIPT = WORKLOADS / "kt_tf_script.py"
@@ -90,8 +90,6 @@ def test_exports_refused_fallen_back_or_absent(tmp_path: Path):
     # another framework's export: refused
     (tmp_path / "torch.json").write_text(json.dumps({"format": "knobtune.best/1", "framework": "pytorch",
                                                     "knobs": {}}))
-    proc = run_script(config=tmp_path / "torch.json", cwd=tmp_path)
-    assert proc.returncode != 0 and "an export of a pytorch study, expected one of a tensorflow study" in proc.stderr
     # another machine: a warning; a knob this one cannot apply falls back, or is an error with strict=True
     export = {"format": "knobtune.best/1", "framework": "tensorflow", "study": "x", "trial": 3,
               "knobs": {"batch_size": 16, "mixed_precision": "mixed_float16", "prefetch": 2, "loop": "fit"},
@@ -99,7 +97,16 @@ def test_exports_refused_fallen_back_or_absent(tmp_path: Path):
               "fingerprint": {"gpus": [{"name": "NVIDIA H200"}], "usable_cores": 64, "tensorflow": "2.0.0",
                               "cuda_version": "12.1"}}
     (tmp_path / "gpu.json").write_text(json.dumps(export))
-    proc = run_script("--epochs", "1", config=tmp_path / "gpu.json", cwd=tmp_path)
+    # (four independent scripts, each mostly importing TensorFlow: at once)
+    refused, proc, strict, own = at_once(
+        lambda: run_script(config=tmp_path / "torch.json", cwd=tmp_path),
+        lambda: run_script("--epochs", "1", config=tmp_path / "gpu.json", cwd=tmp_path),
+        lambda: subprocess.run([sys.executable, "-c", "from knobtune.tensorflow import Tuned; "
+                                f"Tuned.load({str(tmp_path / 'gpu.json')!r}, strict=True)"],
+                               cwd=tmp_path, capture_output=True, text=True, timeout=120),
+        lambda: run_script("--epochs", "1", "--batch-size", "20", cwd=tmp_path))
+    assert refused.returncode != 0
+    assert "an export of a pytorch study, expected one of a tensorflow study" in refused.stderr
     assert proc.returncode == 0, proc.stderr
     assert "measured on a different machine" in proc.stderr and "GPUs NVIDIA H200 -> none" in proc.stderr
     assert "tensorflow 2.0.0 ->" in proc.stderr
@@ -108,15 +115,11 @@ def test_exports_refused_fallen_back_or_absent(tmp_path: Path):
     live = stats(proc)
     assert live["knobs"]["mixed_precision"] == "float32" and live["knobs"]["batch_size"] == 16
     assert live["knobs"]["prefetch"] == 2
-    strict = subprocess.run([sys.executable, "-c", "from knobtune.tensorflow import Tuned; "
-                             f"Tuned.load({str(tmp_path / 'gpu.json')!r}, strict=True)"],
-                            cwd=tmp_path, capture_output=True, text=True, timeout=120)
     assert strict.returncode != 0 and "strict=True refuses to fall back" in strict.stderr
     # no export: the script's own settings
-    proc = run_script("--epochs", "1", "--batch-size", "20", cwd=tmp_path)
-    assert proc.returncode == 0, proc.stderr
-    assert "running with the script's own settings" in proc.stderr
-    assert stats(proc)["knobs"]["batch_size"] == 20
+    assert own.returncode == 0, own.stderr
+    assert "running with the script's own settings" in own.stderr
+    assert stats(own)["knobs"]["batch_size"] == 20
 
 
 @pytest.mark.parametrize("flag, expected", [
