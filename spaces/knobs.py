@@ -1,13 +1,15 @@
-"""Knob and Space: what can be searched, where it applies, how a trial suggests it, and how
-the child applies it, reads it back and writes it in the export snippet.
+"""Knob and Space: what can be searched, where it applies, how a trial suggests it, which call
+of the child applies it, how the child checks its value, and its lines in the export snippet.
 
 A knob that cannot apply on this hardware or to this workload is not offered; a knob that is
 inactive for the other values of a trial (``prefetch_factor`` without workers) is not suggested.
 Either way it keeps its framework default and the trial's ``knobs`` attribute says why.
 Choice lists are fixed per study, as Optuna requires.
 
-The engine imports this module and the frameworks' spaces, never torch or TensorFlow: a knob's
-``environ``, ``apply`` and ``read`` run only in a trial's child and import the framework there.
+The engine imports this module and the frameworks' spaces, which never import a framework:
+what touches torch or TensorFlow (applying a knob that acts on its own, reading every knob back)
+is the knob's ``Handling`` in ``trainers/<framework>/knobs.py`` (trainers/common/handling.py),
+under the same name.
 """
 from __future__ import annotations
 
@@ -17,7 +19,6 @@ from dataclasses import dataclass, field
 from typing import Any, Callable, Collection, Iterator, Mapping, Protocol, Sequence
 
 Context = Mapping[str, Any]  # {"hardware": {...}, "workload": {...}} as the probe reported them
-UNREAD: Any = type("Unread", (), {"__repr__": lambda self: "UNREAD"})()  # read back from nothing built
 
 
 @dataclass(frozen=True)
@@ -43,13 +44,10 @@ class Knob:
     ``check(value)`` returns an error text for an impossible value, or None.
 
     In the child: ``applied_by`` is the Tuned call that applies the knob ("load": ``Tuned`` itself,
-    process-wide, through ``environ`` before the framework starts and ``apply`` after the check;
-    any other call applies it with the others it builds one object from: the DataLoader, the
-    model, the optimizer, the tf.data pipeline, ``model.compile``). ``environ(value, objects)``
-    and ``apply(value, objects)`` return why the value could not be applied, or None.
-    ``read(objects)`` is the value the framework's objects report (``UNREAD``: none to ask).
-    ``lines(value)`` is its lines in the export snippet. ``objects`` is the framework's
-    ``Trained`` (spaces/pytorch.py, spaces/tensorflow.py). ``problem(value, knobs, hardware)``,
+    process-wide, through the knob's ``Handling`` in trainers/<framework>/knobs.py; any other call
+    applies it with the others it builds one object from: the DataLoader, the model, the
+    optimizer, the tf.data pipeline, ``model.compile``). ``lines(value)`` is its lines in the
+    export snippet. ``problem(value, knobs, hardware)``,
     in a trial's child or in production, says why this machine (``hardware``: the facts the
     framework's ``env.hardware()`` reports for the process's own device) cannot apply ``value``
     given the other ``knobs``; ``check`` has already passed.
@@ -66,9 +64,6 @@ class Knob:
     value_unavailable: Callable[[Any, Context], str | None] = lambda value, ctx: None
     default_in: Callable[[Context], Any] | None = None  # a framework default that depends on hardware
     applied_by: str = "load"
-    environ: Callable[[Any, Any], str | None] | None = None
-    apply: Callable[[Any, Any], str | None] | None = None
-    read: Callable[[Any], Any] = lambda objects: UNREAD
     lines: Callable[[Any], Lines] = lambda value: Lines()
     problem: Callable[[Any, Mapping[str, Any], Mapping[str, Any]], str | None] | None = None
 
@@ -151,28 +146,6 @@ class Space:
     def applied_by(self, call: str) -> tuple[str, ...]:
         """The knobs the Tuned call ``call`` applies, in declaration order."""
         return tuple(k.name for k in self.knobs if k.applied_by == call)
-
-    def apply(self, values: Mapping[str, Any], wanted: Collection[str], objects: Any,
-              *, environ: bool = False) -> dict[str, str]:
-        """Apply each ``wanted`` knob that applies itself, in declaration order: its ``environ``
-        (before the framework starts) or its ``apply``. Knob -> why its value was not applied."""
-        out: dict[str, str] = {}
-        for knob in self.knobs:
-            step = knob.environ if environ else knob.apply
-            if step is not None and knob.name in wanted:
-                why = step(values[knob.name], objects)
-                if why:
-                    out[knob.name] = why
-        return out
-
-    def read_back(self, objects: Any, skipped: Collection[str] = ()) -> dict[str, Any]:
-        """Every knob, but those ``skipped``, as the framework's ``objects`` report it."""
-        out: dict[str, Any] = {}
-        for knob in self.knobs:
-            value = UNREAD if knob.name in skipped else knob.read(objects)
-            if value is not UNREAD:
-                out[knob.name] = value
-        return out
 
     def validate_values(self, name: str, values: Sequence[Any]) -> str | None:
         """Static check of one ``[space]`` or ``[baseline]`` entry; an error text or None."""

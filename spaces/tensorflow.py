@@ -6,12 +6,23 @@ Parallelism knobs take a number or "autotune" (tf.data.AUTOTUNE); 0 means sequen
 """
 from __future__ import annotations
 
-import os
-from dataclasses import dataclass
-from typing import Any, Callable, Mapping
+from typing import Any, Mapping
 
-from knobtune.spaces.knobs import (UNREAD, Context, Knob, Lines, Shown, Space, accumulation_knob, batch_size_knob,
-                                   core_counts, fits_cores, hardware, one_of, positive, threads_knob)
+from knobtune.spaces.knobs import (
+    Context,
+    Knob,
+    Lines,
+    Shown,
+    Space,
+    accumulation_knob,
+    batch_size_knob,
+    core_counts,
+    fits_cores,
+    hardware,
+    one_of,
+    positive,
+    threads_knob,
+)
 
 AUTOTUNE = "autotune"
 _hw = hardware
@@ -85,148 +96,10 @@ def _non_negative(value: Any) -> str | None:
     return None if value >= 0 else f"must be >= 0 (0 = TensorFlow's shared pool), got {value}"
 
 
-# ----------------------------------------------------------------- in the child
-# How each knob is applied and read back (TensorFlow imported here, in the child only) and its
-# lines in the export snippet. The tf.data knobs are applied together by kt.dataset
-# (trainers/tensorflow/data.py: build_pipeline) and read back from the pipeline it built
-# (describe_pipeline); the compile knobs by kt.compile.
-
+# Environment variables a knob's snippet lines set (its child side: trainers/tensorflow/knobs.py).
 THREAD_MODE_ENV = "TF_GPU_THREAD_MODE"
 XLA_FLAGS_ENV = "TF_XLA_FLAGS"
 CPU_AUTO_JIT = "--tf_xla_cpu_global_jit"  # auto-clustering clusters CPU ops only with this flag
-
-
-@dataclass(frozen=True)
-class Trained:
-    """What a TensorFlow child applied the knobs to, as their ``environ``, ``apply`` and ``read``
-    see it (TensorFlow objects typed Any: the engine imports this module, never TensorFlow)."""
-
-    knobs: Mapping[str, Any]       # as requested, the framework defaults where none was
-    gpu: bool | None = None        # None: not known yet (before TensorFlow lists its devices)
-    pipeline: Mapping[str, Any] | None = None  # the tf.data knobs read back from the pipeline trained on
-    model: Any = None
-    custom: bool = False           # trained by knobtune's custom loop
-
-
-def runtime_started() -> bool:
-    """Whether TensorFlow's eager runtime (and with it its devices) has been initialised."""
-    from tensorflow.python.eager import context
-
-    current = context.context_safe()
-    return current is not None and bool(current._initialized)
-
-
-def _devices_listed() -> bool:
-    """Whether TensorFlow has listed its devices (which reads TF_XLA_FLAGS, once per process)."""
-    from tensorflow.python.eager import context
-
-    current = context.context_safe()
-    return current is not None and current._physical_devices is not None
-
-
-def _from_pipeline(name: str) -> Callable[[Trained], Any]:
-    return lambda t: UNREAD if t.pipeline is None else t.pipeline[name]
-
-
-def _from_compiled(read: Callable[[Any], Any]) -> Callable[[Trained], Any]:
-    return lambda t: read(t.model) if t.model is not None and getattr(t.model, "compiled", False) else UNREAD
-
-
-def _accumulation_used(model: Any) -> int:
-    from knobtune.trainers.tensorflow.knobs import accumulation
-
-    return accumulation(model.optimizer)
-
-
-def _set_policy(value: Any, t: Trained) -> None:
-    """The Keras global dtype policy, which layers built from now on take."""
-    import keras
-
-    keras.mixed_precision.set_global_policy(value)
-
-
-def _policy_used(t: Trained) -> str:
-    import keras
-
-    return t.model.dtype_policy.name if t.model is not None else keras.mixed_precision.global_policy().name
-
-
-def _set_threads(value: Any, t: Trained) -> str | None:
-    import tensorflow as tf
-
-    threads = int(value or 0)
-    if threads > 0 and tf.config.threading.get_intra_op_parallelism_threads() != threads:
-        try:
-            tf.config.threading.set_intra_op_parallelism_threads(threads)
-        except RuntimeError:
-            return (f"intra_op_threads={threads} was not applied: TensorFlow's runtime had started; call "
-                    f"Tuned.load() before any TensorFlow operation")
-    return None
-
-
-def _threads_used(t: Trained) -> Any:
-    import tensorflow as tf
-
-    return t.knobs["intra_op_threads"] and tf.config.threading.get_intra_op_parallelism_threads()
-
-
-def _set_tf32(value: Any, t: Trained) -> None:
-    import tensorflow as tf
-
-    if t.gpu:  # TensorFlow's default on Ampere and newer: TF32 on
-        tf.config.experimental.enable_tensor_float_32_execution(bool(value))
-
-
-def _tf32_used(t: Trained) -> bool:
-    import tensorflow as tf
-
-    return bool(t.gpu) and bool(tf.config.experimental.tensor_float_32_execution_enabled())  # none on a CPU
-
-
-def _set_xla_flags(value: Any, t: Trained) -> str | None:
-    """Auto-clustering clusters CPU ops only with ``--tf_xla_cpu_global_jit`` in TF_XLA_FLAGS,
-    which TensorFlow reads when it first lists its devices: set before that (on a GPU machine
-    it lets XLA cluster the ops placed on the CPU too). Returns why it could not be set."""
-    flags = os.environ.get(XLA_FLAGS_ENV, "").split()
-    if not value or CPU_AUTO_JIT in flags:
-        return None
-    if _devices_listed():
-        return ("xla_auto_clustering=True cannot cluster CPU ops: TensorFlow had read TF_XLA_FLAGS already; call "
-                "Tuned.load() before any TensorFlow operation")
-    os.environ[XLA_FLAGS_ENV] = " ".join([*flags, CPU_AUTO_JIT])
-    return None
-
-
-def _set_jit(value: Any, t: Trained) -> None:
-    """XLA clusters the graphs jit_compile leaves alone."""
-    import tensorflow as tf
-
-    tf.config.optimizer.set_jit("autoclustering" if value else False)
-
-
-def _auto_clustering_used(t: Trained) -> bool:
-    """Read back: TensorFlow's jit setting (and on a CPU the flag that lets it cluster CPU ops)."""
-    import tensorflow as tf
-
-    on = tf.config.optimizer.get_jit() == "autoclustering"
-    return on and (bool(t.gpu) or CPU_AUTO_JIT in os.environ.get(XLA_FLAGS_ENV, "").split())
-
-
-def _set_thread_mode(value: Any, t: Trained) -> str | None:
-    """``TF_GPU_THREAD_MODE``, which TensorFlow reads when it creates its GPU devices: set before
-    its runtime starts. Returns why it could not be applied (the runtime had started)."""
-    if not t.gpu or os.environ.get(THREAD_MODE_ENV, "global") == value:
-        return None
-    if runtime_started():
-        return (f"gpu_thread_mode={value!r} was not applied: TensorFlow's runtime had started; call Tuned.load() "
-                f"before any TensorFlow operation")
-    os.environ[THREAD_MODE_ENV] = value
-    return None
-
-
-def _thread_mode_used(t: Trained) -> str:
-    """The GPU thread mode TensorFlow's devices were created with (read once its runtime runs)."""
-    return os.environ.get(THREAD_MODE_ENV, "global") if t.gpu and runtime_started() else "global"
 
 
 def _code(*lines: str) -> Lines:
@@ -247,7 +120,7 @@ def _xla_lines(value: Any) -> Lines:
 
 
 def _pipeline_knob(name: str, kind: type, default: Any, help: str, **search: Any) -> Knob:
-    return Knob(name, kind, default, help, applied_by="dataset", read=_from_pipeline(name), **search)
+    return Knob(name, kind, default, help, applied_by="dataset", **search)
 
 
 
@@ -268,9 +141,8 @@ def _thread_mode_problem(value: Any, knobs: Mapping[str, Any], hw: Mapping[str, 
     return None
 
 KNOBS = (
-    batch_size_knob(applied_by="dataset", read=_from_pipeline("batch_size")),
+    batch_size_knob(applied_by="dataset"),
     accumulation_knob("Keras 3 optimizer gradient_accumulation_steps", applied_by="compile",
-                      read=_from_compiled(_accumulation_used),
                       lines=lambda v: _code(f"optimizer.gradient_accumulation_steps = {int(v)}  # or pass it when "
                                             f"you build the optimizer") if int(v or 1) > 1 else Lines()),
     _pipeline_knob("cycle_length", object, 1, "TFRecord files read at once by interleave (or 'autotune')",
@@ -291,36 +163,34 @@ KNOBS = (
                    if v else Lines()),
     Knob("jit_compile", bool, False, "XLA compilation of the train step (Keras' 'auto': on with a GPU)",
          choices=lambda ctx: [False, True], default_in=lambda ctx: bool(_hw(ctx).get("gpu")),
-         applied_by="compile", read=_from_compiled(lambda model: bool(model.jit_compile))),
+         applied_by="compile"),
     Knob("mixed_precision", str, "float32", "Keras dtype policy; mixed_float16 adds a LossScaleOptimizer",
          choices=_precision_choices, value_unavailable=_precision_value,
-         check=one_of("float32", "mixed_bfloat16", "mixed_float16"), apply=_set_policy, read=_policy_used,
+         check=one_of("float32", "mixed_bfloat16", "mixed_float16"),
          problem=_precision_problem,
          lines=lambda v: _code(f"keras.mixed_precision.set_global_policy({v!r})  # before the model is built")
          if v != "float32" else Lines()),
     Knob("steps_per_execution", int, 1, "train steps per host call",
          choices=lambda ctx: [1, 2, 4, 8, 16], check=positive,
-         applied_by="compile", read=_from_compiled(lambda model: int(model.steps_per_execution))),
+         applied_by="compile"),
     Knob("loop", str, "fit", "Keras model.fit, or a custom loop under @tf.function",
          choices=lambda ctx: ["fit", "custom"], check=one_of("fit", "custom"),
-         applied_by="fit", read=lambda t: "custom" if t.custom else "fit",
+         applied_by="fit",
          lines=lambda v: _code("# the winner was measured with a custom @tf.function training loop, not model.fit")
          if v == "custom" else Lines()),
-    threads_knob("tf.config.threading intra-op threads", "TensorFlow", apply=_set_threads, read=_threads_used,
+    threads_knob("tf.config.threading intra-op threads", "TensorFlow",
                  lines=lambda v: _code(f"tf.config.threading.set_intra_op_parallelism_threads({int(v)})")
                  if v else Lines()),
     Knob("tf32", bool, True, "TF32 tensor cores for fp32 matmuls and convolutions (TensorFlow's default on Ampere+)",
          choices=lambda ctx: [True, False], unavailable=_no_tf32, inactive=_mixed,
-         apply=_set_tf32, read=_tf32_used,
          lines=lambda v: _code(f"tf.config.experimental.enable_tensor_float_32_execution({bool(v)})")),
     Knob("xla_auto_clustering", bool, False,
          "tf.config.optimizer.set_jit: XLA compiles clusters of the graphs jit_compile leaves alone",
-         choices=lambda ctx: [False, True], inactive=_whole_step_compiled,
-         environ=_set_xla_flags, apply=_set_jit, read=_auto_clustering_used, lines=_xla_lines),
+         choices=lambda ctx: [False, True], inactive=_whole_step_compiled, lines=_xla_lines),
     Knob("gpu_thread_mode", str, "global",
          "TF_GPU_THREAD_MODE: gpu_private gives the GPU its own kernel-launch threads",
          choices=lambda ctx: ["global", "gpu_private"], unavailable=_no_gpu,
-         check=one_of("global", "gpu_private", "gpu_shared"), apply=_set_thread_mode, read=_thread_mode_used,
+         check=one_of("global", "gpu_private", "gpu_shared"),
          problem=_thread_mode_problem,
          lines=lambda v: Lines(env=(f"os.environ['{THREAD_MODE_ENV}'] = {v!r}",)) if v != "global" else Lines()),
     _pipeline_knob("map_parallelization", bool, True,

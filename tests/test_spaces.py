@@ -4,10 +4,11 @@ from __future__ import annotations
 import random
 import subprocess
 import sys
+from pathlib import Path
 
 import pytest
 
-from knobtune.spaces import Knob, for_framework
+from knobtune.spaces import for_framework
 
 ADAM = {"optimizer": "Adam", "optimizer_impls": ["default", "foreach", "fused"]}  # as the probe tried it
 CPU = {"hardware": {"device": "cpu", "cuda": False, "bf16": True, "usable_cores": 2, "loader_in_order": True},
@@ -232,13 +233,36 @@ def test_the_engine_imports_neither_framework_with_the_knobs_definitions():
     subprocess.run([sys.executable, "-c", code], check=True, timeout=120)
 
 
+def test_no_module_of_the_spaces_imports_a_framework_even_inside_a_function():
+    """spaces/ is what the engine reads: an import of torch, TensorFlow or Keras anywhere in it (a
+    function's own import included), or of the trainers, would bring a framework to the engine."""
+    import ast
+
+    import knobtune.spaces
+
+    for path in Path(knobtune.spaces.__file__).parent.glob("*.py"):
+        for node in ast.walk(ast.parse(path.read_text())):
+            names = ([a.name for a in node.names] if isinstance(node, ast.Import)
+                     else [node.module or ""] if isinstance(node, ast.ImportFrom) else [])
+            for name in names:
+                assert name.split(".")[0] not in ("torch", "tensorflow", "keras") and not name.startswith(
+                    "knobtune.trainers"), f"{path.name}:{node.lineno} imports {name}"
+
+
 @pytest.mark.parametrize("framework", ["pytorch", "tensorflow"])
 def test_every_knob_says_how_it_is_applied_and_read_back(framework):
-    unread = Knob.__dataclass_fields__["read"].default
-    for knob in for_framework(framework).knobs:
-        assert knob.read is not unread, f"{framework} knob {knob.name} is never read back"
-        if knob.applied_by == "load":
-            assert knob.apply or knob.environ, f"{framework} knob {knob.name} is applied by nothing"
+    """Each knob of the space has its child side (trainers/<framework>/knobs.py: HANDLERS): read back,
+    and, when it applies itself ("load"), an environ or an apply."""
+    code = (f"from knobtune.trainers.{framework}.knobs import HANDLERS\n"
+            "from knobtune.trainers.common.handling import Handling\n"
+            "handled = dict(HANDLERS.handling)\n"
+            "unread = Handling().read\n"
+            "for knob in HANDLERS.space.knobs:\n"
+            "    h = handled.get(knob.name)\n"
+            "    assert h is not None and h.read is not unread, f'{knob.name} is never read back'\n"
+            "    if knob.applied_by == 'load':\n"
+            "        assert h.apply or h.environ, f'{knob.name} is applied by nothing'\n")
+    subprocess.run([sys.executable, "-c", code], check=True, timeout=120)
 
 
 def test_the_child_checks_each_value_by_its_knobs_definition():

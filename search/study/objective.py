@@ -25,7 +25,6 @@ from knobtune.spaces.knobs import Context, Offer, Resolved, Space
 from knobtune.trainers.common.wire import Burst, Measured, Request
 
 
-
 @dataclass(frozen=True)
 class Plan:
     """What every trial of a study shares."""

@@ -6,15 +6,18 @@ allocator) is applied, and every knob read back, by its definition in spaces/pyt
 from __future__ import annotations
 
 import inspect
+import os
 from contextlib import nullcontext
-from typing import Any, ContextManager
+from dataclasses import dataclass
+from typing import Any, Callable, ContextManager, Mapping
 
 import torch
 from torch.utils.data import DataLoader
 
-from knobtune.spaces.pytorch import SPACE
+from knobtune.spaces.pytorch import ALLOC_CONF, SPACE
 from knobtune.trainers.common import hostinfo
 from knobtune.trainers.common.errors import InvalidKnobs
+from knobtune.trainers.common.handling import UNREAD, Handlers, Handling
 
 AMP_DTYPES = {"bf16": torch.bfloat16, "fp16": torch.float16}
 LOADER_KNOBS = SPACE.applied_by("dataloader")
@@ -40,7 +43,7 @@ def problems(knobs: dict[str, Any], device: torch.device) -> dict[str, str]:
     ``check`` and ``problem`` (spaces/pytorch.py) on this device's facts."""
     from knobtune.trainers.pytorch import env
 
-    return SPACE.problems(knobs, env.hardware(cuda=device.type == "cuda"))
+    return SPACE.problems(knobs, {**env.hardware(cuda=device.type == "cuda"), "torch": torch.__version__})
 
 
 def loader_in_order() -> bool:
@@ -214,3 +217,173 @@ def peak_memory_mb(device: torch.device) -> float:
     if device.type == "cuda":
         return torch.cuda.max_memory_allocated(device) / 2**20
     return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024  # kB on Linux
+
+
+# ----------------------------------------------------------------- applied on their own, read back
+# Each knob's child side (its declaration: spaces/pytorch.py): how a knob that acts on its own is
+# applied, and how every knob is read back from what the trial trained with.
+
+
+@dataclass(frozen=True)
+class Trained:
+    """What a PyTorch child applied the knobs to, as their ``environ``, ``apply`` and ``read`` see
+    it (torch objects typed Any: the engine imports this module, never torch)."""
+
+    device: Any
+    knobs: Mapping[str, Any]  # as requested, the framework defaults where none was
+    loader: Any = None        # the DataLoader trained on (None: none, or not a DataLoader)
+    models: tuple[Any, ...] = ()
+    optimizer: Any = None
+    autocast: Any = None
+    compile_report: Mapping[str, Any] | None = None
+    accumulation: int = 1
+
+
+def _from_loader(attribute: str) -> Callable[[Trained], Any]:
+    return lambda t: UNREAD if t.loader is None else getattr(t.loader, attribute)
+
+
+def _in_order_used(t: Trained) -> Any:
+    return UNREAD if t.loader is None else bool(getattr(t.loader, "in_order", True))
+
+
+def _set_threads(value: Any, t: Trained) -> None:
+    import torch
+
+    if int(value or 0) > 0:
+        torch.set_num_threads(int(value))
+
+
+def _threads_used(t: Trained) -> Any:
+    import torch
+
+    return t.knobs["intra_op_threads"] and torch.get_num_threads()
+
+
+def _cudnn(attribute: str) -> Callable[[Any, Trained], None]:
+    def apply(value: Any, t: Trained) -> None:
+        import torch
+
+        if t.device.type == "cuda":
+            setattr(torch.backends.cudnn, attribute, bool(value))
+
+    return apply
+
+
+def _cudnn_used(attribute: str) -> Callable[[Trained], bool]:
+    def read(t: Trained) -> bool:
+        import torch
+
+        return getattr(torch.backends.cudnn, attribute)
+
+    return read
+
+
+def _set_matmul_precision(value: Any, t: Trained) -> None:
+    import torch
+
+    if t.device.type == "cuda":
+        torch.set_float32_matmul_precision(value)
+
+
+def _matmul_precision_used(t: Trained) -> str:
+    import torch
+
+    return torch.get_float32_matmul_precision()
+
+
+def _amp_used(t: Trained) -> str:
+    """Read from the autocast context made for the trial."""
+    import torch
+
+    if t.knobs["amp"] == "off":
+        return "off"
+    return {None: "off", torch.bfloat16: "bf16", torch.float16: "fp16"}[getattr(t.autocast, "fast_dtype", None)]
+
+
+def _compile_used(t: Trained) -> str:
+    """The compile mode that really ran: "off" after a fall-back to eager; "default" when a CUDA
+    graph mode skipped its CUDA graphs (or runs on a CPU, where there are none)."""
+    requested, report = t.knobs["compile"], t.compile_report
+    if requested == "off" or report is None or report["eager_fallback"]:
+        return "off"
+    if requested == "reduce-overhead" and (report["cudagraph_skips"] or t.device.type != "cuda"):
+        return "default"
+    return requested
+
+
+def _channels_last_used(t: Trained) -> bool:
+    """Read from the convolution weights (the tensors channels_last is for), not any parameter."""
+    import torch
+
+    def used(model: Any) -> bool:
+        convs = [m.weight for m in model.modules()
+                 if isinstance(m, (torch.nn.Conv2d, torch.nn.ConvTranspose2d)) and m.weight.dim() == 4]
+        return bool(convs) and all(w.is_contiguous(memory_format=torch.channels_last) for w in convs)
+
+    return bool(t.models) and all(used(m) for m in t.models)
+
+
+def impl_used(optimizer: Any) -> str:
+    """Read back from the optimizer's param groups: ``fused``, ``foreach`` (asked for: torch's
+    own choice when unset is ``default``) or ``default``."""
+    groups = optimizer.param_groups
+    if groups and all(g.get("fused") for g in groups):
+        return "fused"
+    if groups and all(g.get("foreach") for g in groups):
+        return "foreach"
+    return "default"
+
+
+def _set_allocator(value: Any, t: Trained) -> None:
+    """``expandable_segments`` for the CUDA caching allocator, before any CUDA memory is allocated:
+    in the environment (where ``PYTORCH_CUDA_ALLOC_CONF`` is read: this process's allocator if
+    it has not read it yet, and processes it starts) and through torch's allocator settings (read
+    at every new segment)."""
+    if t.device.type != "cuda" or not value:
+        return
+    import torch
+
+    setting = "expandable_segments:True"
+    kept = [part for part in os.environ.get(ALLOC_CONF, "").split(",")
+            if part and not part.startswith("expandable_segments")]
+    os.environ[ALLOC_CONF] = ",".join([*kept, setting])
+    setter = getattr(torch._C, "_accelerator_setAllocatorSettings", None)  # torch >= 2.9
+    if setter is None:
+        setter = torch.cuda.memory._set_allocator_settings
+    setter(setting)
+
+
+def _expandable_segments_used(t: Trained) -> bool:
+    """Read back from the CUDA caching allocator: whether it made expandable segments (CUDA
+    graphs' private pools never are); without segments yet, its settings. False without CUDA."""
+    import torch
+
+    if t.device.type != "cuda" or not torch.cuda.is_initialized():
+        return False
+    segments = torch.cuda.memory_snapshot()
+    if segments:
+        return any(bool(s.get("is_expandable")) for s in segments)
+    getter = getattr(torch._C, "_accelerator_getAllocatorSettings", None)
+    settings = getter() if getter is not None else os.environ.get(ALLOC_CONF, "")
+    return "expandable_segments:true" in settings.replace(" ", "").lower()
+
+
+HANDLERS = Handlers(SPACE, {
+    "batch_size": Handling(read=_from_loader("batch_size")),
+    "accumulation_steps": Handling(read=lambda t: t.accumulation),
+    "num_workers": Handling(read=_from_loader("num_workers")),
+    "prefetch_factor": Handling(read=_from_loader("prefetch_factor")),
+    "persistent_workers": Handling(read=_from_loader("persistent_workers")),
+    "intra_op_threads": Handling(apply=_set_threads, read=_threads_used),
+    "pin_memory": Handling(read=_from_loader("pin_memory")),
+    "amp": Handling(read=_amp_used),
+    "compile": Handling(read=_compile_used),
+    "channels_last": Handling(read=_channels_last_used),
+    "cudnn_benchmark": Handling(apply=_cudnn("benchmark"), read=_cudnn_used("benchmark")),
+    "cudnn_deterministic": Handling(apply=_cudnn("deterministic"), read=_cudnn_used("deterministic")),
+    "matmul_precision": Handling(apply=_set_matmul_precision, read=_matmul_precision_used),
+    "optimizer_impl": Handling(read=lambda t: UNREAD if t.optimizer is None else impl_used(t.optimizer)),
+    "dataloader_in_order": Handling(read=_in_order_used),
+    "expandable_segments": Handling(environ=_set_allocator, read=_expandable_segments_used),
+})

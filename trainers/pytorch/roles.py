@@ -18,7 +18,6 @@ from typing import TYPE_CHECKING, Any, Callable, Iterator
 import torch
 from torch.utils.data import DataLoader, IterableDataset
 
-from knobtune.spaces.pytorch import impl_used
 from knobtune.trainers.common import roles
 from knobtune.trainers.common.errors import InvalidKnobs, WorkloadError
 from knobtune.trainers.common.production import log
@@ -329,7 +328,7 @@ class TrialDriver(roles.Measuring, Driver):
             "grad_scaler": kt.scaler.is_enabled(),
             "fused_optimizer_for_grad_scaler": kt.fused_for_scaler,
             "optimizer": type(optimizer).__name__ if optimizer is not None else None,
-            "optimizer_impl": impl_used(optimizer) if optimizer is not None else None,
+            "optimizer_impl": K.impl_used(optimizer) if optimizer is not None else None,
             "per_step_sync": K.per_step_sync(kt.scaler, optimizer),
             "compile_mode": kt.knobs["compile"],
             "compiled": any(m is not t for m, t in kt.models),

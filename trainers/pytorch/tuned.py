@@ -30,7 +30,6 @@ import numpy as np
 import torch
 from torch.utils.data import DataLoader
 
-from knobtune.spaces.pytorch import SPACE, Trained, impl_used
 from knobtune.trainers.common.production import WatchdogSettings, ensure_logging, log
 from knobtune.trainers.common.tuned import Trial, TunedBase, export_knobs
 from knobtune.trainers.common.wire import Request
@@ -72,9 +71,9 @@ class Tuned(TunedBase):
         self.created = time.perf_counter()
         self._choose(role, trial, config, settings)
         wanted = self.driver.applies(self.knobs, self.explicit)
-        SPACE.apply(self.knobs, wanted, Trained(self.device, self.knobs), environ=True)  # before CUDA allocates
+        K.HANDLERS.apply(self.knobs, wanted, K.Trained(self.device, self.knobs), environ=True)  # before CUDA allocates
         self.driver.check()
-        SPACE.apply(self.knobs, wanted, Trained(self.device, self.knobs))
+        K.HANDLERS.apply(self.knobs, wanted, K.Trained(self.device, self.knobs))
         self.accumulation = int(self.knobs["accumulation_steps"])
         self.scaler = torch.amp.GradScaler(self.device.type, enabled=self.knobs["amp"] == "fp16")
         self._autocast = K.autocast(self.knobs, self.device)
@@ -169,7 +168,7 @@ class Tuned(TunedBase):
         """``optimizer`` with the knobs' implementation (or, by default under fp16 on CUDA, fused
         for GradScaler); itself when a learning-rate scheduler already holds it."""
         impl = self.knobs["optimizer_impl"]
-        wanted = impl != "default" and impl_used(optimizer) != impl
+        wanted = impl != "default" and K.impl_used(optimizer) != impl
         scheduled = getattr(optimizer.step, "_wrapped_by_lr_sched", False)  # a scheduler holds this object
         if scheduled and (wanted or self.scaler.is_enabled()):
             log.warning(f"kt.prepare(model, optimizer): a learning-rate scheduler already drives this optimizer, so "
@@ -276,10 +275,10 @@ class Tuned(TunedBase):
         """Every knob as the framework objects report it (read back, not echoed from the request)."""
         loader = self.trial.data if self.trial and self.trial.data is not None else self.last_loader
         optimizer = self.optimizers[0] if self.optimizers else (self.prepared[-1] if self.prepared else None)
-        trained = Trained(self.device, self.knobs, loader=loader if isinstance(loader, DataLoader) else None,
+        trained = K.Trained(self.device, self.knobs, loader=loader if isinstance(loader, DataLoader) else None,
                           models=tuple(m for m, _ in self.models), optimizer=optimizer, autocast=self._autocast,
                           compile_report=self.compile_report(), accumulation=self.accumulation)
-        return SPACE.read_back(trained, self.not_exercised())
+        return K.HANDLERS.read_back(trained, self.not_exercised())
 
     def compile_report(self) -> dict[str, Any] | None:
         return compiled.report(self.knobs["compile"], self.replays) if self.knobs["compile"] != "off" else None

@@ -31,7 +31,6 @@ from typing import Any, Callable, Sequence
 import keras
 import tensorflow as tf
 
-from knobtune.spaces.tensorflow import SPACE, Trained
 from knobtune.trainers.common.errors import WorkloadError
 from knobtune.trainers.common.production import ConfigError, WatchdogSettings, ensure_logging
 from knobtune.trainers.common.tuned import Trial, TunedBase, export_knobs
@@ -99,14 +98,14 @@ class Tuned(TunedBase):
         self.config = config
         self._choose(role, trial, config, settings)
         # before env.hardware() lists the devices (which reads the environment)
-        late = SPACE.apply(self.knobs, self.explicit, Trained(self.knobs), environ=True)
+        late = K.HANDLERS.apply(self.knobs, self.explicit, K.Trained(self.knobs), environ=True)
         self.hardware = env.hardware()
         self.gpu = bool(self.hardware["gpu"])
         self.created = time.perf_counter()
         self.driver.check()
         first = {"gpu_thread_mode"} & self.explicit  # before anything could start TensorFlow's runtime
-        unapplied = {**SPACE.apply(self.knobs, first, Trained(self.knobs, self.gpu)),
-                     **SPACE.apply(self.knobs, self.explicit - first, Trained(self.knobs, self.gpu))}
+        unapplied = {**K.HANDLERS.apply(self.knobs, first, K.Trained(self.knobs, self.gpu)),
+                     **K.HANDLERS.apply(self.knobs, self.explicit - first, K.Trained(self.knobs, self.gpu))}
         if not self.gpu:  # on a GPU the late flag only keeps XLA from clustering the ops left on the CPU
             unapplied.update(late)
         for why in unapplied.values():
@@ -261,8 +260,8 @@ class Tuned(TunedBase):
             data = self.made[-1].dataset
         pipeline = {**pipeline_knobs(describe_pipeline(data)), **options_knobs(data)} if data is not None else None
         model = self.fit_model or (list(self.compiled.values())[-1].model if self.compiled else None)
-        trained = Trained(self.knobs, self.gpu, pipeline=pipeline, model=model, custom=self.custom is not None)
-        return SPACE.read_back(trained, self.not_exercised())
+        trained = K.Trained(self.knobs, self.gpu, pipeline=pipeline, model=model, custom=self.custom is not None)
+        return K.HANDLERS.read_back(trained, self.not_exercised())
 
 
 def for_request(request: Request, role: str = "trial") -> Tuned:
