@@ -139,24 +139,28 @@ def write(trial: optuna.Trial, record: TrialRecord) -> None:
         trial.set_user_attr(key, value)
 
 
+def _named(fields: dict[str, Any], names: set[str], what: str) -> dict[str, Any]:
+    unknown = set(fields) - names
+    if unknown:
+        raise TypeError(f"not {what} record fields: {sorted(unknown)}; expected some of {sorted(names)}")
+    return fields
+
+
+def _stored(fields: dict[str, Any]) -> dict[str, Any]:
+    """``fields`` of a trial as they are stored (names checked; knob entries as attributes)."""
+    return {k: v for k, v in TrialRecord(**_named(fields, _FIELDS, "trial")).attrs().items() if k in fields}
+
+
 def mark(trial: optuna.Trial, **fields: Any) -> None:
     """Store some of a trial's fields now (its worker, why it was skipped, ...); names are checked."""
-    unknown = set(fields) - _FIELDS
-    if unknown:
-        raise TypeError(f"not trial record fields: {sorted(unknown)}; expected some of {sorted(_FIELDS)}")
-    for key, value in TrialRecord(**fields).attrs().items():
-        if key in fields:
-            trial.set_user_attr(key, value)
+    for key, value in _stored(fields).items():
+        trial.set_user_attr(key, value)
 
 
 def mark_stored(storage: optuna.storages.BaseStorage, trial_id: int, **fields: Any) -> None:
     """``mark`` through the storage itself (a trial another worker holds, known by its id)."""
-    unknown = set(fields) - _FIELDS
-    if unknown:
-        raise TypeError(f"not trial record fields: {sorted(unknown)}; expected some of {sorted(_FIELDS)}")
-    for key, value in TrialRecord(**fields).attrs().items():
-        if key in fields:
-            storage.set_trial_user_attr(trial_id, key, value)
+    for key, value in _stored(fields).items():
+        storage.set_trial_user_attr(trial_id, key, value)
 
 
 def queued(**fields: Any) -> dict[str, Any]:
@@ -205,10 +209,7 @@ _STUDY_FIELDS = {f.name for f in dataclasses.fields(StudyRecord)}
 
 def mark_study(study: optuna.Study, **fields: Any) -> None:
     """Store some of a study's own attributes; names are checked."""
-    unknown = set(fields) - _STUDY_FIELDS
-    if unknown:
-        raise TypeError(f"not study record fields: {sorted(unknown)}; expected some of {sorted(_STUDY_FIELDS)}")
-    for key, value in fields.items():
+    for key, value in _named(fields, _STUDY_FIELDS, "study").items():
         study.set_user_attr(key, value)
 
 

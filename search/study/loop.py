@@ -140,8 +140,8 @@ class Search:
         worker took the last room first."""
         study = self.study
         if self.pending is not None:  # an earlier attempt lost the database after asking
-            self._give_up(self.pending, "interrupted: the database connection dropped while it was being started",
-                          quiet=False)
+            self.survival.give_up(self.pending, "interrupted: the database connection dropped while it was being "
+                                                "started", quiet=False)
             self.pending = None
         with self.survival.held():
             if self.survival.shared and not self.queue.may_start(target, self._running(), locked=True):
@@ -319,15 +319,12 @@ class Search:
             self.close()
 
     def _give_up_safely(self, trial: optuna.Trial, reason: str) -> None:
-        """``_give_up`` while stopping: whatever goes wrong is said in a line, and the stop goes on."""
+        """Give ``trial`` up while stopping: whatever goes wrong is said in a line, and the stop goes on."""
         try:
-            self._give_up(trial, reason)
+            self.survival.give_up(trial, reason)
         except Exception as exc:  # noqa: BLE001 - the run is stopping on another error already
             self.err.write(f"knobtune: trial #{trial.number} could not be marked failed ({type(exc).__name__}: "
                            f"{str(exc).splitlines()[0] if str(exc) else ''}); the next run or another worker will\n")
-
-    def _give_up(self, trial: optuna.Trial, reason: str, quiet: bool = True) -> None:
-        self.survival.give_up(trial, reason, quiet)
 
     def close(self) -> None:
         self.survival.close()
