@@ -132,6 +132,8 @@ class Space:
     invalid: Callable[[Mapping[str, Any], Context], str | None] = lambda values, ctx: None
     # the export snippet: the framework's training script around the knobs' lines
     script: Callable[[Shown], str] = lambda shown: ""
+    # the export snippet of a trainer library's script (its arguments), by the integration's name
+    integrations: Mapping[str, Callable[[Shown], str]] = field(default_factory=dict)
 
     @property
     def names(self) -> list[str]:
@@ -317,6 +319,7 @@ class Shown:
     knobs: Mapping[str, Any]
     skipped: Collection[str]
     learning_rate: Callable[[str], list[str]]
+    cuda: bool = False  # measured on a CUDA device (a library's fields differ there)
 
     def on(self, name: str) -> bool:
         return name in self.knobs and name not in self.skipped

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from typing import Any, Callable, Mapping
 
+from knobtune.spaces import libraries
 from knobtune.spaces.knobs import (
     Context,
     Knob,
@@ -322,4 +323,5 @@ def input_variants(ctx: Context) -> dict[str, dict[str, Any]]:
                                  "intra_op_threads": 1}}
 
 
-SPACE = Space("pytorch", KNOBS, advice=advice, input_variants=input_variants, invalid=invalid, script=script)
+SPACE = Space("pytorch", KNOBS, advice=advice, input_variants=input_variants, invalid=invalid, script=script,
+              integrations={libraries.HF: libraries.hf_script})

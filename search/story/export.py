@@ -67,6 +67,8 @@ def best_config(study: optuna.Study, pick: str | None = None) -> dict[str, Any]:
         "script": section.get("script"),
         "args": section.get("args") or [],
         "trial": best.number,
+        # the trainer library the script trains with ("transformers.Trainer"), when not its own loop
+        "integration": (w.applied or {}).get("integration"),
         "knobs": w.knob_values,
         "not_applied": {name: entry.why or "" for name, entry in w.knobs.items() if not entry.applied},
         # the speedup to quote: the confirmation's median of paired per-round ratios when it crowned

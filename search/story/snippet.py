@@ -18,8 +18,10 @@ def snippet(doc: dict[str, Any]) -> str:
         raise ValueError(f"export of framework {framework!r}: expected 'pytorch' or 'tensorflow'")
     space = for_framework(framework)
     shown = Shown(space, doc["knobs"], set(doc.get("not_applied") or {}),
-                  lambda setter: _learning_rate(doc, setter))
-    return _header(doc) + space.script(shown)
+                  lambda setter: _learning_rate(doc, setter),
+                  cuda=bool((doc.get("fingerprint") or {}).get("cuda_available")))
+    script = space.integrations.get(doc.get("integration") or "", space.script)
+    return _header(doc) + script(shown)
 
 
 def headline_speedup(doc: dict[str, Any]) -> str | None:

@@ -15,6 +15,10 @@ from typing import Any, Iterator, Mapping
 
 from knobtune.trainers.common.errors import WorkloadError
 
+# a trainer library a script may import -> the knobtune extra that installs it
+EXTRAS = {"transformers": "transformers", "accelerate": "transformers", "lightning": "lightning",
+          "pytorch_lightning": "lightning"}
+
 
 class ScriptDone(BaseException):
     """Raised inside the user's script by the API when the trial (or the probe) has what it needs."""
@@ -35,6 +39,12 @@ def run(path: str, args: list[str]) -> None:
         runpy.run_path(str(script), run_name="__main__")
     except ScriptDone:
         pass
+    except ModuleNotFoundError as exc:
+        extra = EXTRAS.get((exc.name or "").split(".")[0])
+        if extra is None:
+            raise
+        raise WorkloadError(f"the script {path} imports {exc.name!r}, which this Python does not have: "
+                            f"pip install 'knobtune[{extra}]'") from None
     except SystemExit as exc:
         if exc.code not in (None, 0):
             raise

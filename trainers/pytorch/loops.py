@@ -76,3 +76,47 @@ def channels_last(batch: Any) -> Any:
         # only the inputs (the first element) are images; targets stay as they are
         return type(batch)([channels_last(batch[0]), *batch[1:]])
     return batch
+
+
+class LoaderView:
+    """A DataLoader's settings, read from what a trainer library built around it (accelerate's
+    ``DataLoaderShard`` wraps a DataLoader made with a batch sampler: no ``batch_size`` of its
+    own)."""
+
+    def __init__(self, loader: Any) -> None:
+        base = getattr(loader, "base_dataloader", loader)
+        sampler = getattr(base, "batch_sampler", None)
+        self.loader = loader
+        self.batch_size = getattr(base, "batch_size", None) or getattr(sampler, "batch_size", None)
+        self.drop_last = bool(getattr(base, "drop_last", False) if getattr(base, "batch_size", None)
+                              else getattr(sampler, "drop_last", False))
+        self.num_workers = int(getattr(base, "num_workers", 0) or 0)
+        self.pin_memory = bool(getattr(base, "pin_memory", False))
+        self.prefetch_factor = getattr(base, "prefetch_factor", None)
+        self.persistent_workers = bool(getattr(base, "persistent_workers", False))
+        self.in_order = bool(getattr(base, "in_order", True))
+
+    @classmethod
+    def of(cls, loader: Any) -> "LoaderView":
+        return loader if isinstance(loader, cls) else cls(loader)
+
+
+class AutocastSeen:
+    """What autocast really did in a model a library runs: the dtype its first matmul layer
+    (Linear, a convolution) gave in its first forward; ``fast_dtype`` None when that was fp32.
+    The hook removes itself after one call."""
+
+    LAYERS = ("Linear", "Conv1d", "Conv2d", "Conv3d", "Conv1D")
+
+    def __init__(self, model: torch.nn.Module) -> None:
+        self.fast_dtype: torch.dtype | None = None
+        self.seen = False
+        layer = next((m for m in model.modules() if type(m).__name__ in self.LAYERS), None)
+        self.handle = layer.register_forward_hook(self._hook) if layer is not None else None
+
+    def _hook(self, module: Any, inputs: Any, output: Any) -> None:
+        if isinstance(output, torch.Tensor) and output.is_floating_point():
+            self.seen = True
+            self.fast_dtype = output.dtype if output.dtype in (torch.bfloat16, torch.float16) else None
+            if self.handle is not None:
+                self.handle.remove()

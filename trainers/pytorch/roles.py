@@ -27,7 +27,7 @@ from knobtune.trainers.common.wire import Result
 from knobtune.trainers.pytorch import compiled
 from knobtune.trainers.pytorch import knobs as K
 from knobtune.trainers.pytorch.data import SeededSampler
-from knobtune.trainers.pytorch.loops import LossGuard, count
+from knobtune.trainers.pytorch.loops import LoaderView, LossGuard, count
 
 if TYPE_CHECKING:
     from knobtune.trainers.pytorch.tuned import Tuned
@@ -71,6 +71,20 @@ class Driver(roles.Driver):
     def batches(self, loader: Any, evaluate: Callable[[], float] | None) -> Iterator[Any]:
         raise NotImplementedError
 
+    # A trainer library's own loop (Hugging Face's Trainer, Lightning) calls these from its
+    # callback, in place of iterating kt.batches: loop_begin when it starts training on
+    # ``loader``; loop_step after every ``per_call`` micro-batches, ``done`` trained so far and
+    # ``samples`` since the last call (False: stop training); loop_end when its loop ends.
+
+    def loop_begin(self, loader: Any, per_call: int = 1) -> None:
+        raise NotImplementedError
+
+    def loop_step(self, done: int, samples: int) -> bool:
+        return True
+
+    def loop_end(self) -> None:
+        """The library's loop ended."""
+
 
 class DefaultDriver(Driver):
     """No config: the script's own settings; each ``kt.batches`` is one pass over the loader,
@@ -108,6 +122,19 @@ class DefaultDriver(Driver):
         finally:
             watchdog.pause()
 
+    def loop_begin(self, loader: Any, per_call: int = 1) -> None:
+        kt = self.kt
+        if kt.guard is None:
+            kt.guard = LossGuard(1024, kt.device)
+        self.watchdog.resume()
+
+    def loop_step(self, done: int, samples: int) -> bool:
+        self.watchdog.step(samples)
+        return True
+
+    def loop_end(self) -> None:
+        self.watchdog.pause()
+
 
 class ProductionDriver(DefaultDriver):
     """An export's knobs (``Tuned.load`` checked them), the same watched pass; the watchdog
@@ -123,6 +150,10 @@ class ProbeDriver(Driver):
         self.description: dict[str, Any] = {}
 
     def batches(self, loader: Any, evaluate: Callable[[], float] | None) -> Iterator[Any]:
+        self.loop_begin(loader)
+        yield  # pragma: no cover - makes this a generator
+
+    def loop_begin(self, loader: Any, per_call: int = 1) -> None:
         assert self.trial is not None
         self.trial.started = True
         kt, description = self.kt, self.description
@@ -133,7 +164,6 @@ class ProbeDriver(Driver):
         description["settings"] = made[3] if made else {}
         description["models"] = [model for model, _ in kt.models]
         raise ScriptDone
-        yield  # pragma: no cover - makes this a generator
 
 
 class TrialDriver(roles.Measuring, Driver):
@@ -182,38 +212,62 @@ class TrialDriver(roles.Measuring, Driver):
 
     # ----------------------------------------------------------------- the burst
 
-    def start(self, loader: Any) -> Schedule | None:
+    def start(self, loader: Any, per_call: int = 1) -> Schedule | None:
         """The burst's schedule over ``loader``; None when it already ran (the script's other
-        epochs are not trained)."""
+        epochs are not trained). ``per_call``: micro-batches between two calls of ``passed`` (a
+        trainer library's callback sees whole optimizer steps)."""
         trial, kt = self.trial, self.kt
         if trial.started:
             return None
         trial.started = True
         trial.setup_seconds = time.perf_counter() - kt.created
         trial.data = loader
-        schedule = trial.schedule = self.schedule(loader)
+        schedule = trial.schedule = self.schedule(loader, per_call=per_call)
         kt.total_steps = schedule.total_steps
         kt.guard = LossGuard(schedule.total_steps, kt.device)
         return schedule
 
-    def batches(self, loader: Any, evaluate: Callable[[], float] | None) -> Iterator[Any]:
-        schedule = self.start(loader)
+    def open(self, loader: Any, evaluate: Callable[[], float] | None, per_call: int = 1,
+             drained: Callable[[], bool | None] | None = None) -> WindowTimer | None:
+        """Start the burst over ``loader``: its schedule, guard and timer, the clock running; None
+        when it already ran."""
+        schedule = self.start(loader, per_call)
         if schedule is None:
-            return
+            return None
         trial, kt = self.trial, self.kt
         target = trial.request.target_accuracy
         if target is not None and evaluate is None:
             raise InvalidKnobs("time-to-accuracy needs an evaluation between windows: iterate "
                                "kt.batches(loader, evaluate=fn), fn() returning the held-out accuracy")
         hooks = hooks_from(trial.request, self.evaluator(evaluate) if evaluate else (lambda: 0.0))
-        timer = trial.timer = WindowTimer(schedule, hooks=hooks, drained=self.drained)
+        timer = trial.timer = WindowTimer(schedule, hooks=hooks, drained=drained or self.drained)
         trial.record = timer.record
         if kt.device.type == "cuda":
             torch.cuda.reset_peak_memory_stats(kt.device)
         for model, _ in kt.models:
             model.train()
-        done = 0
         timer.start()
+        return timer
+
+    def shut(self, done: int) -> None:
+        """The burst is over after ``done`` micro-batches: complete when the schedule ran out, a
+        loss went non-finite or the target was reached; else stopped early."""
+        trial = self.trial
+        record = trial.record
+        assert record is not None
+        trial.completed = trial.completed or record.nan_step is not None or bool(record.target_reached)
+        if not trial.completed:
+            trial.stopped_at = done
+        self.end_burst()
+
+    def batches(self, loader: Any, evaluate: Callable[[], float] | None) -> Iterator[Any]:
+        timer = self.open(loader, evaluate)
+        if timer is None:
+            return
+        trial, kt = self.trial, self.kt
+        schedule = trial.schedule
+        assert schedule is not None
+        done = 0
         try:
             for i, batch in enumerate(self.endless(loader, schedule.total_steps)):
                 kt.step_index = i
@@ -228,11 +282,33 @@ class TrialDriver(roles.Measuring, Driver):
                     break
             else:
                 trial.completed = True
-            trial.completed = trial.completed or timer.record.nan_step is not None or bool(timer.record.target_reached)
         finally:
-            if not trial.completed:
-                trial.stopped_at = done
-            self.end_burst()
+            self.shut(done)
+
+    # ----------------------------------------------------------------- a trainer library's loop
+
+    def loop_begin(self, loader: Any, per_call: int = 1) -> None:
+        workers = int(getattr(loader, "num_workers", 0) or 0)
+        # the library iterates the loader itself: its read-ahead cannot be counted, so the settle
+        # trains through it in full
+        self.open(loader, None, per_call, drained=lambda: True if workers == 0 else None)
+
+    def loop_step(self, done: int, samples: int) -> bool:
+        trial = self.trial
+        timer, schedule = trial.timer, trial.schedule
+        if timer is None or schedule is None or trial.burst_end is not None:
+            return False
+        go_on = timer.passed(done, samples, self.checkpoint)
+        if go_on and done >= schedule.total_steps:
+            trial.completed, go_on = True, False
+        if not go_on:
+            self.shut(done)
+        return go_on
+
+    def loop_end(self) -> None:
+        trial = self.trial
+        if trial.timer is not None and trial.burst_end is None:
+            self.shut(trial.timer.record.steps_done)
 
     def end_burst(self) -> None:
         kt = self.kt
@@ -242,14 +318,15 @@ class TrialDriver(roles.Measuring, Driver):
         kt.ended_workers = kt.worker_exit_codes()  # an OOM kill is classified from these
         kt.iterator = None  # shuts the DataLoader's workers down
 
-    def schedule(self, loader: Any, read_ahead: bool = True) -> Schedule:
+    def schedule(self, loader: Any, read_ahead: bool = True, per_call: int = 1) -> Schedule:
         batch_size = getattr(loader, "batch_size", None)
         if not batch_size:
             raise WorkloadError("kt.batches(loader): the loader has no batch_size (a batch_sampler's batches have "
                                 "no fixed size to tune); build it with kt.dataloader(dataset, ...)")
         ahead = K.read_ahead({"num_workers": getattr(loader, "num_workers", 0),
                               "prefetch_factor": getattr(loader, "prefetch_factor", None)}) if read_ahead else 0
-        return make_schedule(self.trial.request.burst, int(batch_size), self.kt.accumulation, read_ahead=ahead)
+        return make_schedule(self.trial.request.burst, int(batch_size), self.kt.accumulation, execution_steps=per_call,
+                             read_ahead=ahead)
 
     def endless(self, loader: Any, steps: int) -> Iterator[Any]:
         """``steps`` batches from ``loader``, on the device, epoch after epoch."""
@@ -345,19 +422,25 @@ class TrialDriver(roles.Measuring, Driver):
             "read_ahead_batches": K.read_ahead({"num_workers": getattr(loader, "num_workers", 0),
                                                 "prefetch_factor": getattr(loader, "prefetch_factor", None)}),
             "eval_batch_size": trial.metrics.get("eval_batch_size"),
+            **({"reported_metrics": dict(trial.metrics)} if trial.metrics else {}),
+            **(kt.library() if kt.library is not None else {}),
         }
         outcome = self.outcome("the script stopped iterating kt.batches(...) after {done} of the burst's {total} "
                                "micro-batches (the burst continues across epochs by itself)")
         return Result(**timer.record.measurement(), knobs_effective=effective, not_exercised=kt.not_exercised(),
                       setup_seconds=trial.setup_seconds, effective_batch_size=schedule.batch_size * kt.accumulation,
                       lr_scale=kt.lr_scale, amp_skipped_steps=int(kt.skipped.item()), applied=applied,
-                      loader=K.loader_report(loader) if isinstance(loader, DataLoader) else None, **outcome,
+                      loader=K.loader_report(loader) if isinstance(loader, (DataLoader, LoaderView)) else None, **outcome,
                       peak_memory_mb=K.peak_memory_mb(kt.device), memory_limit_mb=K.memory_limit_mb(kt.device))
 
 
 class DiagnoseDriver(roles.Diagnosing, TrialDriver):
     """The bottleneck diagnosis, in place of the burst: the input ceiling (the loader alone, per
     variant) and the compute ceiling (the script's step on one batch already on the device)."""
+
+    def loop_begin(self, loader: Any, per_call: int = 1) -> None:
+        raise WorkloadError("the bottleneck diagnosis times the script's own step on one batch, which needs its loop "
+                            "over kt.batches(...); a trainer library's loop (Hugging Face, Lightning) is not diagnosed")
 
     def batches(self, loader: Any, evaluate: Callable[[], float] | None) -> Iterator[Any]:
         if self.start(loader) is None:

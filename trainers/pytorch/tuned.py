@@ -35,7 +35,7 @@ from knobtune.trainers.common.tuned import Trial, TunedBase, export_knobs
 from knobtune.trainers.common.wire import Request
 from knobtune.trainers.pytorch import compiled
 from knobtune.trainers.pytorch import knobs as K
-from knobtune.trainers.pytorch.loops import LossGuard, channels_last, to_device
+from knobtune.trainers.pytorch.loops import LoaderView, LossGuard, channels_last, to_device
 from knobtune.trainers.pytorch.roles import DRIVERS, Driver
 
 _ACTIVE: "Tuned | None" = None  # the trial or probe this child process runs
@@ -95,6 +95,11 @@ class Tuned(TunedBase):
         self.guard: LossGuard | None = None
         self.skipped = torch.zeros((), dtype=torch.float32, device=self.device)
         self.accuracy: float | None = None
+        # a trainer library's integration (trainers/pytorch/huggingface.py, lightning.py): knobs its
+        # library leaves alone, what autocast really did there, what it reports into ``applied``
+        self.also_not_exercised: dict[str, str] = {}
+        self.observed_autocast: Any = None
+        self.library: Callable[[], dict[str, Any]] | None = None
 
     # ----------------------------------------------------------------- loading
 
@@ -230,6 +235,24 @@ class Tuned(TunedBase):
                 optimizer.step()
             optimizer.zero_grad(set_to_none=True)
 
+    # ----------------------------------------------------------------- trainer libraries
+
+    def training_arguments(self, args: Any) -> Any:
+        """Hugging Face: ``args`` (a ``TrainingArguments``) built again with the knobs' fields
+        (batch size, accumulation, DataLoader workers, bf16/fp16, tf32, torch_compile, optim); in
+        a trial, training exactly the burst, with no evaluation or checkpoint inside it."""
+        from knobtune.trainers.pytorch import huggingface
+
+        return huggingface.arguments(self, args)
+
+    def trainer(self, trainer: Any) -> Any:
+        """Hugging Face: ``trainer`` (a ``Trainer`` built with ``kt.training_arguments``) with
+        knobtune's callback: the measured burst in a trial, the watchdog in production, and its
+        ``evaluate()`` as the accuracy."""
+        from knobtune.trainers.pytorch import huggingface
+
+        return huggingface.attach(self, trainer)
+
     # ----------------------------------------------------------------- shared by the drivers
 
     def _build(self, dataset: Any, arguments: dict[str, Any], settings: dict[str, Any], shuffle: bool) -> DataLoader:
@@ -264,7 +287,7 @@ class Tuned(TunedBase):
     def not_exercised(self) -> dict[str, str]:
         """Knob -> why it was not applied: the script never made the call that applies it (or
         trained on a DataLoader it built itself)."""
-        out = self.uncalled()
+        out = {**self.uncalled(), **self.also_not_exercised}
         trial = self.trial
         if trial is not None and trial.data is not None and id(trial.data) not in self.made:
             why = self.EXERCISED_BY["dataloader"]
@@ -275,8 +298,9 @@ class Tuned(TunedBase):
         """Every knob as the framework objects report it (read back, not echoed from the request)."""
         loader = self.trial.data if self.trial and self.trial.data is not None else self.last_loader
         optimizer = self.optimizers[0] if self.optimizers else (self.prepared[-1] if self.prepared else None)
-        trained = K.Trained(self.device, self.knobs, loader=loader if isinstance(loader, DataLoader) else None,
-                          models=tuple(m for m, _ in self.models), optimizer=optimizer, autocast=self._autocast,
+        trained = K.Trained(self.device, self.knobs, loader=loader if isinstance(loader, (DataLoader, LoaderView)) else None,
+                          models=tuple(m for m, _ in self.models), optimizer=optimizer,
+                          autocast=self.observed_autocast if self.observed_autocast is not None else self._autocast,
                           compile_report=self.compile_report(), accumulation=self.accumulation)
         return K.HANDLERS.read_back(trained, self.not_exercised())
 

@@ -1,0 +1,94 @@
+"""The trainer libraries people already use, tuned through their own arguments: Hugging Face's
+``Trainer`` (studies/hf_causal_lm.py) and Lightning (studies/lightning_digits.py), each tuned
+through the CLI in real children, exported, and run in production with the export."""
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+
+from conftest import FAST, ROOT, TINY_BURST, at_once, knobtune, printed_json, run_script, stored, study_file
+
+pytest.importorskip("transformers")
+
+HF_SCRIPT = ROOT / "studies" / "hf_causal_lm.py"
+
+
+def test_hf_trainer_example_is_tuned_exported_and_run_in_production(tmp_path: Path):
+    path = study_file(tmp_path, f"""
+[study]
+name = "hf-example"
+framework = "pytorch"
+script = "{HF_SCRIPT}"
+args = ["--epochs", "1"]
+trials = 3
+prune_below = 0
+{TINY_BURST}
+[space]
+batch_size = [16, 32]
+num_workers = [0, 1]
+amp = ["off", "bf16"]
+compile = ["off"]
+optimizer_impl = ["default", "fused"]
+""")
+    knobtune("run", str(path), *FAST, cwd=tmp_path, check=0)
+    trials = stored(tmp_path, "hf-example").trials
+    assert [t.user_attrs["outcome"] for t in trials] == ["ok"] * 3
+    for trial in trials:
+        applied, knobs = trial.user_attrs["applied"], trial.user_attrs["knobs"]
+        assert applied["integration"] == "transformers.Trainer"
+        # read back from what the Trainer built, equal to what the trial asked for
+        for name in ("batch_size", "num_workers", "amp", "optimizer_impl"):
+            assert knobs[name]["applied"] and knobs[name]["value"] == trial.params.get(name, knobs[name]["value"])
+        assert applied["trainer_nan_filter"] is False and applied["trainer_max_steps"] > 0
+        assert applied["reported_metrics"]["guard_metric"] == "exp(-eval_loss)"
+        assert 0 < trial.user_attrs["val_accuracy"] < 1
+        assert trial.user_attrs["loader"]["drop_last"] is True
+    base = trials[0].user_attrs["knobs"]
+    # the baseline is the script's own TrainingArguments: --batch-size 16, the Trainer's fused AdamW
+    assert base["batch_size"]["value"] == 16 and base["optimizer_impl"]["value"] == "fused"
+    assert trials[0].user_attrs["applied"]["autocast_dtype"] is None
+
+    knobtune("export", "hf-example", "-o", "best.json", cwd=tmp_path, check=0)
+    best = json.loads((tmp_path / "best.json").read_text())
+    assert best["integration"] == "transformers.Trainer"
+    snippet, proc = at_once(
+        lambda: knobtune("export", "hf-example", "--format", "snippet", cwd=tmp_path, check=0),
+        lambda: run_script(HF_SCRIPT, "--epochs", "0.3", config=tmp_path / "best.json", cwd=tmp_path,
+                           extra_env={"KNOBTUNE_WATCHDOG_S": "0.05"}))
+    assert f"per_device_train_batch_size={best['knobs']['batch_size']}," in snippet.stdout
+    assert proc.returncode == 0, proc.stderr
+    stats = printed_json(proc, "knobtune stats: ")
+    for knob in ("batch_size", "num_workers", "amp", "optimizer_impl", "accumulation_steps"):
+        assert stats["knobs"][knob] == best["knobs"][knob], knob
+    assert stats["samples"] > 0 and stats["intervals"] >= 1
+
+
+REFUSED = '''
+from transformers import GPT2Config, GPT2LMHeadModel, Trainer, TrainingArguments
+from knobtune.pytorch import Tuned
+kt = Tuned.load()
+args = kt.training_arguments(TrainingArguments(output_dir="out", report_to="none", {fields}))
+'''
+
+
+@pytest.mark.parametrize("fields, reason", [
+    ("fp16=True, bf16=True, use_cpu=True", "At most one of fp16 and bf16"),
+    ("dataloader_prefetch_factor=4", "--dataloader_prefetch_factor can only be set when"),
+])
+def test_a_trainer_script_with_a_bad_combination_is_refused_before_any_trial(tmp_path: Path, fields: str,
+                                                                               reason: str):
+    script = tmp_path / "train.py"
+    script.write_text(REFUSED.format(fields=fields))
+    path = study_file(tmp_path, f"""
+[study]
+name = "refused"
+framework = "pytorch"
+script = "{script}"
+trials = 2
+{TINY_BURST}
+""")
+    proc = knobtune("run", str(path), *FAST, cwd=tmp_path, check=2)
+    assert reason in proc.stderr
+    assert not (tmp_path / "knobtune-artifacts").exists() or not any((tmp_path / "knobtune-artifacts").iterdir())
