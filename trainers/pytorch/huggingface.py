@@ -20,7 +20,6 @@ right token, a fraction the accuracy guard compares like an accuracy).
 from __future__ import annotations
 
 import dataclasses
-import math
 from typing import TYPE_CHECKING, Any
 
 import torch
@@ -28,9 +27,8 @@ import torch
 from knobtune.spaces import libraries
 from knobtune.trainers.common import roles
 from knobtune.trainers.common.errors import InvalidKnobs, WorkloadError
-from knobtune.trainers.common.production import log
 from knobtune.trainers.common.protocol import make_schedule
-from knobtune.trainers.pytorch.loops import AutocastSeen, LoaderView, count
+from knobtune.trainers.pytorch.libraries import LibraryLoop
 
 try:
     from transformers import TrainerCallback, TrainingArguments
@@ -109,7 +107,7 @@ def attach(kt: Tuned, trainer: Trainer) -> Trainer:
 
     def training_step(model: Any, inputs: Any, *args: Any, **kwargs: Any) -> torch.Tensor:
         loss = step(model, inputs, *args, **kwargs)
-        callback.micro_batch(loss, inputs)
+        callback.loop.micro_batch(loss, inputs)
         return loss
 
     trainer.training_step = training_step  # type: ignore[method-assign]
@@ -119,36 +117,23 @@ def attach(kt: Tuned, trainer: Trainer) -> Trainer:
 
 
 class Callback(TrainerCallback):
-    """knobtune's side of a ``Trainer``: the role's burst (or watchdog) from the Trainer's steps,
-    and the evaluation's metric as the accuracy."""
+    """knobtune's side of a ``Trainer``: its events handed to the shared library loop."""
 
     def __init__(self, kt: Tuned, trainer: Trainer) -> None:
         self.kt, self.trainer = kt, trainer
-        self.micro = 0     # micro-batches since training began
-        self.samples = 0   # samples since the last optimizer step
-        self.steps = 0     # optimizer steps since training began
+        self.loop = LibraryLoop(kt, "trainer.evaluate()")
+        self.steps = 0  # optimizer steps since training began
         self.accumulation = 1
 
-    def on_train_begin(self, args: Any, state: Any, control: Any, model: Any = None, optimizer: Any = None,
+    def on_train_begin(self, args: Any, state: Any, control: Any, optimizer: Any = None,
                        train_dataloader: Any = None, **kwargs: Any) -> None:
-        kt = self.kt
-        unwrapped = self.trainer.accelerator.unwrap_model(self.trainer.model_wrapped, keep_torch_compile=False)
-        kt.models.append((unwrapped, self.trainer.model_wrapped))
-        inner = getattr(optimizer, "optimizer", optimizer)
-        if inner is not None:
-            kt.prepared.append(inner)
-            kt.optimizers.append(inner)
-        kt.accumulation = int(args.gradient_accumulation_steps)
-        self.accumulation = kt.accumulation
-        if kt.knobs["compile"] == "off":  # (a hook inside a compiled graph would be traced into it)
-            kt.observed_autocast = AutocastSeen(unwrapped)
-        else:  # what accelerate wraps the forward in
-            kt.observed_autocast = Precision(self.trainer.accelerator.mixed_precision)
-        kt.library = self.applied
-        view = LoaderView.of(train_dataloader if train_dataloader is not None else self.trainer.get_train_dataloader())
-        kt.made[id(view)] = (self.trainer.train_dataset, {}, True, settings(args, kt.device))
-        kt.last_loader = view
-        kt.driver.loop_begin(view, per_call=self.accumulation)
+        trainer = self.trainer
+        self.accumulation = int(args.gradient_accumulation_steps)
+        loader = train_dataloader if train_dataloader is not None else trainer.get_train_dataloader()
+        self.loop.begin(trainer.accelerator.unwrap_model(trainer.model_wrapped, keep_torch_compile=False),
+                        trainer.model_wrapped, getattr(optimizer, "optimizer", optimizer), loader, self.accumulation,
+                        trainer.accelerator.mixed_precision, self.applied, per_call=self.accumulation,
+                        settings=settings(args, self.kt.device))
 
     def applied(self) -> dict[str, Any]:
         """What the Trainer itself used, for the trial's ``applied``."""
@@ -165,46 +150,15 @@ class Callback(TrainerCallback):
             "trainer_nan_filter": trainer.args.logging_nan_inf_filter,
         }
 
-    def micro_batch(self, loss: torch.Tensor, inputs: Any) -> None:
-        kt = self.kt
-        if kt.guard is not None and kt.guarded:
-            kt.guard.record(self.micro, loss)
-        self.micro += 1
-        self.samples += count(inputs)
-
     def on_step_end(self, args: Any, state: Any, control: Any, **kwargs: Any) -> None:
         self.steps += 1
         # counted in whole optimizer steps: an epoch's last, shorter accumulation still ends on a boundary
-        if not self.kt.driver.loop_step(self.steps * self.accumulation, self.samples):
+        if not self.loop.step(self.steps * self.accumulation):
             control.should_training_stop = True
-        self.samples = 0
 
     def on_train_end(self, args: Any, state: Any, control: Any, **kwargs: Any) -> None:
-        self.kt.driver.loop_end()
+        self.loop.end()
 
     def on_evaluate(self, args: Any, state: Any, control: Any, metrics: dict[str, float] | None = None,
                     **kwargs: Any) -> None:
-        accuracy, extra = metric(metrics or {})
-        if accuracy is None:
-            log.warning(f"trainer.evaluate() gave no accuracy and no loss (metrics: {', '.join(metrics or {})})")
-        self.kt.report(val_accuracy=accuracy, **extra)
-
-
-class Precision:
-    """The autocast dtype accelerate applies for its ``mixed_precision`` setting."""
-
-    def __init__(self, mixed_precision: Any) -> None:
-        self.fast_dtype = {"bf16": torch.bfloat16, "fp16": torch.float16}.get(str(mixed_precision))
-
-
-def metric(metrics: dict[str, float]) -> tuple[float | None, dict[str, Any]]:
-    """The accuracy the guard compares, from ``evaluate()``'s metrics: ``*_accuracy`` as it is,
-    else ``exp(-*_loss)`` (lower-is-better made a fraction: the mean per-token likelihood)."""
-    for key, value in metrics.items():
-        if key.endswith("_accuracy") and isinstance(value, (int, float)) and math.isfinite(value):
-            return float(value), {key: float(value), "guard_metric": key}
-    for key, value in metrics.items():
-        if key.endswith("_loss") and isinstance(value, (int, float)):
-            likelihood = math.exp(-value) if math.isfinite(value) else 0.0
-            return likelihood, {key: float(value), "guard_metric": f"exp(-{key})"}
-    return None, {}
+        self.loop.evaluated(metrics or {})
