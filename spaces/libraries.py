@@ -97,3 +97,64 @@ def hf_script(shown: Shown) -> str:
             *shown.learning_rate("args.learning_rate = {lr}"),
             "trainer = Trainer(model=model, args=args, ...)"]
     return shown.source(setup.env, body)
+
+
+LIGHTNING = "lightning.Trainer"
+LIGHTNING_PRECISIONS = {"off": "32-true", "bf16": "bf16-mixed", "fp16": "16-mixed"}  # amp -> Trainer(precision=)
+
+
+def lightning_arguments(values: Mapping[str, Any], names: Collection[str], *, cuda: bool) -> dict[str, Any]:
+    """The Lightning ``Trainer`` arguments the knobs ``names`` set to ``values`` (the DataLoader
+    knobs are the DataModule's: it builds its training loader with ``kt.dataloader``; compile is
+    ``kt.prepare(module)``)."""
+    out: dict[str, Any] = {}
+    if "amp" in names:
+        out["precision"] = LIGHTNING_PRECISIONS[str(values["amp"])]
+    if "accumulation_steps" in names:
+        out["accumulate_grad_batches"] = int(values["accumulation_steps"])
+    if cuda:  # (Lightning sets torch.backends.cudnn from these; on a CPU they do nothing)
+        if "cudnn_benchmark" in names:
+            out["benchmark"] = bool(values["cudnn_benchmark"])
+        if "cudnn_deterministic" in names and values["cudnn_deterministic"]:
+            out["deterministic"] = True
+    return out
+
+
+def lightning_settings(arguments: Mapping[str, Any], *, cuda: bool) -> dict[str, Any]:
+    """The knobs as a script's own ``Trainer`` arguments set them (the baseline)."""
+    precisions = {v: k for k, v in LIGHTNING_PRECISIONS.items()}
+    precisions.update({"32": "off", "bf16": "bf16", "16": "fp16", "16-mixed": "fp16", "bf16-mixed": "bf16"})
+    out: dict[str, Any] = {"accumulation_steps": int(arguments.get("accumulate_grad_batches") or 1)}
+    precision = str(arguments.get("precision") or "32-true")
+    if precision in precisions:
+        out["amp"] = precisions[precision]
+    if cuda:
+        out["cudnn_benchmark"] = bool(arguments.get("benchmark"))
+        out["cudnn_deterministic"] = bool(arguments.get("deterministic"))
+    return out
+
+
+def lightning_script(shown: Shown) -> str:
+    """The export snippet for a Lightning script: the DataModule's loader arguments, the module
+    compiled, and the ``Trainer`` arguments to set."""
+    names = [name for name in shown.knobs if shown.on(name)]
+    arguments = lightning_arguments(shown.knobs, names, cuda=shown.cuda)
+    setup = shown.lines("expandable_segments", "intra_op_threads", "matmul_precision")
+    loader = [*shown.lines("batch_size").code, "shuffle=True"]
+    if int(shown.value("num_workers", 0) or 0):
+        loader += shown.lines("num_workers", "prefetch_factor", "persistent_workers", "dataloader_in_order").code
+    loader += shown.lines("pin_memory").code
+    body = ["import lightning as L", "import torch", "from torch.utils.data import DataLoader", "", *setup.code, "",
+            "# in your LightningDataModule:", "def train_dataloader(self):",
+            f"    return DataLoader(self.train_set, {', '.join(loader)})", "",
+            *_compiled(str(shown.value("compile", "off"))),
+            "trainer = L.Trainer(", "    ...,  # your other arguments, as they are",
+            *[f"    {name}={value!r}," for name, value in arguments.items()], ")",
+            "trainer.fit(model, datamodule=datamodule)"]
+    return shown.source(setup.env, body)
+
+
+def _compiled(mode: str) -> list[str]:
+    if mode == "off":
+        return []
+    return [f"model = torch.compile(model{'' if mode == 'default' else f', mode={mode!r}'})  # trainer.fit takes it"]

@@ -324,4 +324,4 @@ def input_variants(ctx: Context) -> dict[str, dict[str, Any]]:
 
 
 SPACE = Space("pytorch", KNOBS, advice=advice, input_variants=input_variants, invalid=invalid, script=script,
-              integrations={libraries.HF: libraries.hf_script})
+              integrations={libraries.HF: libraries.hf_script, libraries.LIGHTNING: libraries.lightning_script})

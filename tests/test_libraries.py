@@ -92,3 +92,57 @@ trials = 2
     proc = knobtune("run", str(path), *FAST, cwd=tmp_path, check=2)
     assert reason in proc.stderr
     assert not (tmp_path / "knobtune-artifacts").exists() or not any((tmp_path / "knobtune-artifacts").iterdir())
+
+
+LIGHTNING_SCRIPT = ROOT / "studies" / "lightning_digits.py"
+
+
+def test_lightning_example_is_tuned_exported_and_run_in_production(tmp_path: Path):
+    pytest.importorskip("lightning")
+    path = study_file(tmp_path, f"""
+[study]
+name = "lightning-example"
+framework = "pytorch"
+script = "{LIGHTNING_SCRIPT}"
+args = ["--epochs", "2"]
+trials = 3
+prune_below = 0
+{TINY_BURST}
+[space]
+batch_size = [32, 64]
+accumulation_steps = [1, 2]
+amp = ["off", "bf16"]
+compile = ["off"]
+optimizer_impl = ["default", "foreach"]
+""")
+    knobtune("run", str(path), *FAST, cwd=tmp_path, check=0)
+    trials = stored(tmp_path, "lightning-example").trials
+    assert [t.user_attrs["outcome"] for t in trials] == ["ok"] * 3
+    for trial in trials:
+        applied, knobs = trial.user_attrs["applied"], trial.user_attrs["knobs"]
+        assert applied["integration"] == "lightning.Trainer"
+        for name in ("batch_size", "accumulation_steps", "amp", "optimizer_impl"):
+            assert knobs[name]["applied"] and knobs[name]["value"] == trial.params.get(name, knobs[name]["value"])
+        # what Lightning ran with, read from the Trainer and the module's first forward
+        assert applied["precision"] == {"off": "32-true", "bf16": "bf16-mixed"}[knobs["amp"]["value"]]
+        assert applied["autocast_dtype"] == {"off": None, "bf16": "bfloat16"}[knobs["amp"]["value"]]
+        assert applied["optimizer_impl"] == knobs["optimizer_impl"]["value"]
+        assert trial.user_attrs["loader"]["drop_last"] is True  # kt.dataloader's, inside the DataModule
+        assert applied["reported_metrics"]["guard_metric"] == "val_accuracy"
+        assert 0.1 < trial.user_attrs["val_accuracy"] <= 1
+    assert trials[0].user_attrs["knobs"]["batch_size"]["value"] == 64  # the script's own --batch-size
+
+    knobtune("export", "lightning-example", "-o", "best.json", cwd=tmp_path, check=0)
+    best = json.loads((tmp_path / "best.json").read_text())
+    assert best["integration"] == "lightning.Trainer"
+    snippet, proc = at_once(
+        lambda: knobtune("export", "lightning-example", "--format", "snippet", cwd=tmp_path, check=0),
+        lambda: run_script(LIGHTNING_SCRIPT, "--epochs", "2", config=tmp_path / "best.json", cwd=tmp_path,
+                           extra_env={"KNOBTUNE_WATCHDOG_S": "0.05"}))
+    assert "trainer = L.Trainer(" in snippet.stdout and f"batch_size={best['knobs']['batch_size']}" in snippet.stdout
+    assert proc.returncode == 0, proc.stderr
+    assert "val_accuracy" in proc.stdout
+    stats = printed_json(proc, "knobtune stats: ")
+    for knob in ("batch_size", "accumulation_steps", "amp", "optimizer_impl", "num_workers"):
+        assert stats["knobs"][knob] == best["knobs"][knob], knob
+    assert stats["samples"] > 0

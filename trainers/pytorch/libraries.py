@@ -44,7 +44,7 @@ class LibraryLoop:
         """``model`` (unwrapped) trained as ``trained`` with ``optimizer`` on ``loader``;
         ``precision`` the library's precision setting (read back from the first forward when
         the model runs eagerly); ``applied()`` the library's own report; ``settings`` the knobs
-        as the script's arguments set them, when knobtune did not build the loader itself."""
+        as the script's arguments to the library set them (the probe's baseline)."""
         kt = self.kt
         if not any(m is model for m, _ in kt.models):
             kt.models.append((model, trained))
@@ -55,10 +55,13 @@ class LibraryLoop:
         # (a hook inside a compiled graph would be traced into it: there, the library's setting)
         kt.observed_autocast = AutocastSeen(model) if trained is model else Precision(precision)
         kt.library = applied
-        view = loader
-        if settings is not None:
+        made = kt.made.get(id(loader))
+        if made is not None:  # kt.dataloader built it (a Lightning DataModule's convention)
+            view = loader
+            made[3].update(settings or {})
+        else:  # the library built it from its arguments: read its settings from what it built
             view = LoaderView.of(loader)
-            kt.made[id(view)] = (getattr(loader, "dataset", None), {}, True, dict(settings))
+            kt.made[id(view)] = (getattr(loader, "dataset", None), {}, True, dict(settings or {}))
         kt.last_loader = view
         kt.driver.loop_begin(view, per_call=per_call)
 
@@ -95,9 +98,11 @@ def metric(metrics: Mapping[str, Any]) -> tuple[float | None, dict[str, Any]]:
     ``*acc`` metric as it is, else ``exp(-*loss)`` (lower-is-better made a fraction: for a
     language model the mean per-token likelihood)."""
     numbers = {key: v for key, value in metrics.items() if (v := _number(value)) is not None}
+    # the held-out split's first: val_accuracy before a train_accuracy logged beside it
+    numbers = dict(sorted(numbers.items(), key=lambda kv: not kv[0].startswith(("val", "eval"))))
     for key, value in numbers.items():
         if key.endswith(("accuracy", "_acc")) and math.isfinite(value) and 0.0 <= value <= 1.0:
-            return value, {key: value, "guard_metric": key}
+            return value, {"guard_metric": key}
     for key, value in numbers.items():
         if key.endswith("loss"):
             return (math.exp(-value) if math.isfinite(value) else 0.0), {key: value, "guard_metric": f"exp(-{key})"}

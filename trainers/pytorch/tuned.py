@@ -253,6 +253,16 @@ class Tuned(TunedBase):
 
         return huggingface.attach(self, trainer)
 
+    def lightning_trainer(self, **arguments: Any) -> Any:
+        """Lightning: ``lightning.Trainer(**arguments)`` with the knobs' arguments (precision,
+        accumulate_grad_batches; on CUDA benchmark, deterministic) and knobtune's callback: the
+        measured burst in a trial, the watchdog in production, the validation metric as the
+        accuracy. The DataModule builds its training loader with ``kt.dataloader``; compile is
+        ``kt.prepare(module)``."""
+        from knobtune.trainers.pytorch import lightning
+
+        return lightning.trainer(self, arguments)
+
     # ----------------------------------------------------------------- shared by the drivers
 
     def _build(self, dataset: Any, arguments: dict[str, Any], settings: dict[str, Any], shuffle: bool) -> DataLoader:
