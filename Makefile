@@ -59,6 +59,7 @@ benchmark: install
 	$(PY) benchmarks/parallel_jobs.py
 	$(PY) benchmarks/warm_start.py
 	$(PY) benchmarks/real_workloads.py
+	$(PY) benchmarks/trainer_libraries.py
 
 dashboard: install
 	$(VENV)/bin/knobtune dashboard
