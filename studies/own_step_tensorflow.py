@@ -20,8 +20,6 @@ Run the winner:  knobtune export own-step-tensorflow -o best.json
 
 The data: scikit-learn's handwritten digits as 28x28 PNG files on disk, written once into 8
 TFRecord shards of PNG bytes, decoded and augmented per sample as a real image pipeline would.
-``--retrace`` passes the step a Python number that changes every call (the chapter's warning:
-each call traces the step again), to see knobtune report it.
 """
 from __future__ import annotations
 
@@ -58,7 +56,6 @@ def main() -> None:
     parser.add_argument("--epochs", type=int, default=5)
     parser.add_argument("--batch-size", type=int, default=64)
     parser.add_argument("--lr", type=float, default=1e-3)
-    parser.add_argument("--retrace", action="store_true", help="pass the step a Python number (it retraces)")
     args = parser.parse_args()
 
     kt = Tuned.load()
@@ -72,23 +69,18 @@ def main() -> None:
     loss_fn = keras.losses.SparseCategoricalCrossentropy(from_logits=True)
 
     @kt.step
-    def train_step(inputs: tf.Tensor, labels: tf.Tensor, weight: float = 1.0) -> tf.Tensor:
+    def train_step(inputs: tf.Tensor, labels: tf.Tensor) -> tf.Tensor:
         with tf.GradientTape() as tape:
             predictions = model(inputs, training=True)
-            loss = loss_fn(labels, predictions) * weight
+            loss = loss_fn(labels, predictions)
             scaled = optimizer.scale_loss(loss)  # mixed_float16: the LossScaleOptimizer's scale; else the loss
         gradients = tape.gradient(scaled, model.trainable_variables)
         optimizer.apply_gradients(zip(gradients, model.trainable_variables))
         return loss
 
-    calls = 0
     for epoch in range(args.epochs):
         for inputs, labels in kt.batches(train_ds):
-            calls += 1
-            if args.retrace:
-                loss = train_step(inputs, labels, 1.0 + calls * 1e-9)  # a new Python number: a new trace
-            else:
-                loss = train_step(inputs, labels)
+            loss = train_step(inputs, labels)
         accuracy = keras.metrics.SparseCategoricalAccuracy()
         for images, labels in val_ds:
             accuracy.update_state(labels, model(images, training=False))

@@ -13,6 +13,7 @@ import tensorflow as tf
 from knobtune.trainers.common.errors import InvalidKnobs, WorkloadError
 from knobtune.trainers.common.production import Watchdog, log
 from knobtune.trainers.common.protocol import GuardReading, Hooks, Schedule, WindowTimer
+from knobtune.trainers.common.script import ScriptDone
 from knobtune.trainers.tensorflow.knobs import inner
 
 GUARD_METRIC = "first_nonfinite_step"
@@ -124,10 +125,13 @@ class Pending:
         self.execution, self.index = execution, index
 
     def _refuse(self, *args: Any, **kwargs: Any) -> Any:
-        raise InvalidKnobs(f"steps_per_execution={self.execution.count} runs {self.execution.count} steps per call "
-                           f"of the step, each pulling its batch inside the traced function: the loop over "
-                           f"kt.batches(...) must hand each batch to the step untouched (loss = step(*batch)), "
-                           f"not use it itself")
+        why = (f"steps_per_execution > 1 runs several steps per call of the step, each pulling its batch inside "
+               f"the traced function, and the script's loop over kt.batches(...) uses the batch itself: hand each "
+               f"batch to the step untouched (loss = step(*batch))")
+        if self.execution.iterator is None:  # the probe's dry run: what the loop does with a batch is known
+            self.execution.refused = why
+            raise ScriptDone
+        raise InvalidKnobs(f"steps_per_execution={self.execution.count}: {why}")
 
     def __getattr__(self, name: str) -> Any:
         if name.startswith("_"):  # protocols probed with hasattr (nest, NumPy): not this
@@ -147,11 +151,14 @@ tf.register_tensor_conversion_function(Pending, lambda value, *args, **kwargs: v
 
 class Execution:
     """One call of the step that runs up to ``count`` steps over ``iterator`` inside its traced
-    function; ``done`` (a device tensor) the steps it ran, once it ran."""
+    function; ``done`` (a device tensor) the steps it ran, once it ran. Without an iterator it is
+    the probe's dry run: the step is not run, and ``refused`` says why the loop cannot hand it
+    placeholders (None: it can)."""
 
     def __init__(self, iterator: Any, count: int) -> None:
         self.iterator, self.count = iterator, count
         self.done: tf.Tensor | None = None
+        self.refused: str | None = None
 
     def placeholders(self, spec: Any) -> Any:
         """The batch as the loop sees it: each leaf of ``spec`` (the data's element) a ``Pending``."""
@@ -235,6 +242,8 @@ class StepFunction:
         execution = pending[0].execution
         if any(p.execution is not execution for p in pending) or execution.done is not None:
             raise WorkloadError("kt.step: call the step once per batch kt.batches(...) yields, with that batch")
+        if execution.iterator is None:  # the probe's dry run: the loop hands the batch to the step untouched
+            raise ScriptDone
         layout = tf.nest.pack_sequence_as((args, kwargs), [leaf.index if isinstance(leaf, Pending) else -1
                                                            for leaf in flat])
         extra = tuple(leaf for leaf in flat if not isinstance(leaf, Pending))

@@ -213,8 +213,19 @@ class ProbeDriver(Driver):
         models = [m for m, _ in kt.prepared] + [c.model for c in kt.compiled.values()]
         self.description.update(models=models, dataset=dataset, made=kt._made(dataset),
                                 batch_size=kt._batch_size(dataset))
+        # a dry run of the loop's body on the placeholders of two batches: whether it hands them to the
+        # step untouched (steps_per_execution > 1 can apply) or uses them itself (it cannot)
+        self.dry_run = Execution(None, 2)
+        yield self.dry_run.placeholders(dataset.element_spec)
         raise ScriptDone
-        yield  # pragma: no cover - makes this a generator
+
+    dry_run: Execution | None = None
+
+    def step_batches(self) -> dict[str, Any]:
+        """What the dry run found, for the workload's description (nothing without a step)."""
+        if self.dry_run is None:
+            return {}
+        return {"step_uses_batch": self.dry_run.refused}
 
     def fit(self, model: keras.Model, dataset: tf.data.Dataset, epochs: int, evaluate: Callable[[], float] | None,
             kwargs: dict[str, Any]) -> Any:
