@@ -97,7 +97,7 @@ class Tuned(TunedBase):
         "dataset": (K.PIPELINE_KNOBS, "the script's tf.data pipeline is not built by kt.dataset(...)"),
         "compile": (K.COMPILE_KNOBS, "the script never calls kt.compile(model, ...)"),
     }
-    START_HINT = "does it call kt.fit(model, dataset), or loop over kt.batches(dataset)?"
+    START_HINT = "does it call kt.fit(model, dataset)? (with its own step: does it loop over kt.batches(dataset)?)"
     DRIVERS = DRIVERS
     driver: Driver
 
