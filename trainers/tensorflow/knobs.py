@@ -90,7 +90,8 @@ def peak_memory_mb(gpu: bool) -> float:
 
 
 def rejected(exc: tf.errors.OpError, knobs: dict[str, Any],
-             names: tuple[str, ...] = ("jit_compile", "mixed_precision", "steps_per_execution", "loop")) -> InvalidKnobs:
+             names: tuple[str, ...] = ("jit_compile", "mixed_precision", "steps_per_execution", "loop"),
+             ) -> InvalidKnobs:
     """A combination TensorFlow refused to run (XLA on an op it cannot compile ...), as invalid
     (``names``: the knobs that made it)."""
     chosen = ", ".join(f"{k}={knobs[k]!r}" for k in names if k in knobs)

@@ -125,9 +125,9 @@ class Pending:
         self.execution, self.index = execution, index
 
     def _refuse(self, *args: Any, **kwargs: Any) -> Any:
-        why = (f"steps_per_execution > 1 runs several steps per call of the step, each pulling its batch inside "
-               f"the traced function, and the script's loop over kt.batches(...) uses the batch itself: hand each "
-               f"batch to the step untouched (loss = step(*batch))")
+        why = ("steps_per_execution > 1 runs several steps per call of the step, each pulling its batch inside "
+               "the traced function, and the script's loop over kt.batches(...) uses the batch itself: hand each "
+               "batch to the step untouched (loss = step(*batch))")
         if self.execution.iterator is None:  # the probe's dry run: what the loop does with a batch is known
             self.execution.refused = why
             raise ScriptDone
