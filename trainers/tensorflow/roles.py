@@ -145,8 +145,8 @@ class DefaultDriver(Driver):
                     calls = step.calls
                     yield batch
                     called(step, calls)
-                    first = next(iter(tf.nest.flatten(batch)), None)
-                    watchdog.step(int(first.shape[0]) if getattr(first, "shape", None) else size)
+                    shape = getattr(next(iter(tf.nest.flatten(batch)), None), "shape", None)
+                    watchdog.step(int(shape[0]) if shape is not None and shape.rank else size)  # a short last batch
                 return
             iterator = iter(dataset)
             while True:

@@ -374,7 +374,7 @@ class Tuned(TunedBase):
             data = self.made[-1].dataset
         pipeline = {**pipeline_knobs(describe_pipeline(data)), **options_knobs(data)} if data is not None else None
         model, optimizer = self.trained_with()
-        step = self.step_function if "step" in self.used else None
+        step = self.step_function
         trained = K.Trained(self.knobs, self.gpu, pipeline=pipeline, model=model, custom=self.custom is not None,
                             step=step, optimizer=optimizer if step is not None else None)
         return K.HANDLERS.read_back(trained, self.not_exercised())
