@@ -92,6 +92,13 @@ def _nothing_parallel(values: Any) -> str | None:
     return "no tf.data op runs in parallel or ahead (no parallel calls, no prefetch): no thread pool to size"
 
 
+def _executions_value(value: Any, ctx: Context) -> str | None:
+    """A script's own step (kt.step) runs several steps per call only when its loop hands each batch
+    to the step untouched; the probe's dry run of the loop says when it does not."""
+    why = (ctx.get("workload") or {}).get("step_uses_batch")
+    return why if why and int(value) > 1 else None
+
+
 def _non_negative(value: Any) -> str | None:
     return None if value >= 0 else f"must be >= 0 (0 = TensorFlow's shared pool), got {value}"
 
@@ -171,7 +178,7 @@ KNOBS = (
          lines=lambda v: _code(f"keras.mixed_precision.set_global_policy({v!r})  # before the model is built")
          if v != "float32" else Lines()),
     Knob("steps_per_execution", int, 1, "train steps per host call",
-         choices=lambda ctx: [1, 2, 4, 8, 16], check=positive,
+         choices=lambda ctx: [1, 2, 4, 8, 16], check=positive, value_unavailable=_executions_value,
          applied_by="compile"),
     Knob("loop", str, "fit", "Keras model.fit, or a custom loop under @tf.function",
          choices=lambda ctx: ["fit", "custom"], check=one_of("fit", "custom"),

@@ -89,10 +89,12 @@ def peak_memory_mb(gpu: bool) -> float:
     return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024  # kB on Linux
 
 
-def rejected(exc: tf.errors.OpError, knobs: dict[str, Any]) -> InvalidKnobs:
-    """A combination TensorFlow refused to run (XLA on an op it cannot compile ...), as invalid."""
-    chosen = ", ".join(f"{k}={knobs[k]!r}" for k in ("jit_compile", "mixed_precision", "steps_per_execution", "loop")
-                       if k in knobs)
+def rejected(exc: tf.errors.OpError, knobs: dict[str, Any],
+             names: tuple[str, ...] = ("jit_compile", "mixed_precision", "steps_per_execution", "loop"),
+             ) -> InvalidKnobs:
+    """A combination TensorFlow refused to run (XLA on an op it cannot compile ...), as invalid
+    (``names``: the knobs that made it)."""
+    chosen = ", ".join(f"{k}={knobs[k]!r}" for k in names if k in knobs)
     return InvalidKnobs(f"TensorFlow rejected this combination ({chosen}): {exc.message.splitlines()[0]}")
 
 
@@ -111,6 +113,8 @@ class Trained:
     pipeline: Mapping[str, Any] | None = None  # the tf.data knobs read back from the pipeline trained on
     model: Any = None
     custom: bool = False           # trained by knobtune's custom loop
+    step: Any = None               # the script's own step (loops.StepFunction), when it trains with kt.step
+    optimizer: Any = None          # the optimizer kt.optimizer prepared for that step
 
 
 def runtime_started() -> bool:
@@ -139,6 +143,18 @@ def _from_compiled(read: Callable[[Any], Any]) -> Callable[[Trained], Any]:
 
 def _accumulation_used(model: Any) -> int:
     return accumulation(model.optimizer)
+
+
+def _from_step(read: Callable[[Any], Any], compiled: Callable[[Any], Any]) -> Callable[[Trained], Any]:
+    """Read from the script's own step (kt.step) when it trains with one, else from the compiled model."""
+    from_model = _from_compiled(compiled)
+    return lambda t: read(t.step) if t.step is not None else from_model(t)
+
+
+def _step_accumulation(t: Trained) -> Any:
+    if t.step is None:
+        return _from_compiled(_accumulation_used)(t)
+    return accumulation(t.optimizer) if t.optimizer is not None else UNREAD
 
 
 def _set_policy(value: Any, t: Trained) -> None:
@@ -234,10 +250,11 @@ def _thread_mode_used(t: Trained) -> str:
 
 HANDLERS = Handlers(SPACE, {
     "batch_size": Handling(read=_from_pipeline("batch_size")),
-    "accumulation_steps": Handling(read=_from_compiled(_accumulation_used)),
-    "jit_compile": Handling(read=_from_compiled(lambda model: bool(model.jit_compile))),
+    "accumulation_steps": Handling(read=_step_accumulation),
+    "jit_compile": Handling(read=_from_step(lambda step: step.jit_used, lambda model: bool(model.jit_compile))),
     "mixed_precision": Handling(apply=_set_policy, read=_policy_used),
-    "steps_per_execution": Handling(read=_from_compiled(lambda model: int(model.steps_per_execution))),
+    "steps_per_execution": Handling(read=_from_step(lambda step: step.per_call,
+                                                    lambda model: int(model.steps_per_execution))),
     "loop": Handling(read=lambda t: "custom" if t.custom else "fit"),
     "intra_op_threads": Handling(apply=_set_threads, read=_threads_used),
     "tf32": Handling(apply=_set_tf32, read=_tf32_used),

@@ -10,8 +10,10 @@ import keras
 import numpy as np
 import tensorflow as tf
 
+from knobtune.trainers.common.errors import InvalidKnobs, WorkloadError
 from knobtune.trainers.common.production import Watchdog, log
 from knobtune.trainers.common.protocol import GuardReading, Hooks, Schedule, WindowTimer
+from knobtune.trainers.common.script import ScriptDone
 from knobtune.trainers.tensorflow.knobs import inner
 
 GUARD_METRIC = "first_nonfinite_step"
@@ -82,69 +84,238 @@ class FitTimer(keras.callbacks.Callback):
         return GuardReading(finite, first if first >= 0 else None, window_mean)
 
 
+class StepGuard(FirstNonFinite):
+    """The NaN guard over a step's outputs (``FirstNonFinite``, the fit loop's), plus the loss (the
+    first output) summed since the last reading and the last one, all on the device: read only at
+    window boundaries (``reading``). Unguarded (the guard's cost measured), only the loss is kept."""
+
+    def __init__(self, guarded: bool = True) -> None:
+        super().__init__(name="step_guard")
+        self.guarded = guarded
+        self.total = self.add_variable(shape=(), initializer="zeros", dtype="float32", name="total")
+        self.last = self.add_variable(shape=(), initializer="zeros", dtype="float32", name="last")
+        self._read_steps = 0
+
+    def update_state(self, y_true: Any, y_pred: Any, sample_weight: Any = None) -> None:
+        if self.guarded:
+            super().update_state(y_true, y_pred)
+        else:
+            self.step.assign_add(1)
+        loss = tf.reduce_mean(tf.cast(tf.nest.flatten(y_pred)[0], tf.float32))
+        self.total.assign_add(loss)
+        self.last.assign(loss)
+
+    def reading(self) -> GuardReading:
+        steps = int(self.step.numpy())  # synchronises
+        mean = float(self.total.numpy()) / max(1, steps - self._read_steps)
+        self._read_steps = steps
+        self.total.assign(0.0)
+        first = int(self.first.numpy())
+        return GuardReading(first < 0 and bool(np.isfinite(mean)), first if first >= 0 else None, mean)
+
+
+class Pending:
+    """A leaf of a batch that the step pulls inside its traced function (steps_per_execution > 1):
+    what ``kt.batches`` yields in its place. Handed to the step as it comes, it names the leaf;
+    used in any other way, it says why it cannot be."""
+
+    __slots__ = ("execution", "index")
+
+    def __init__(self, execution: Execution, index: int) -> None:
+        self.execution, self.index = execution, index
+
+    def _refuse(self, *args: Any, **kwargs: Any) -> Any:
+        why = ("steps_per_execution > 1 runs several steps per call of the step, each pulling its batch inside "
+               "the traced function, and the script's loop over kt.batches(...) uses the batch itself: hand each "
+               "batch to the step untouched (loss = step(*batch))")
+        if self.execution.iterator is None:  # the probe's dry run: what the loop does with a batch is known
+            self.execution.refused = why
+            raise ScriptDone
+        raise InvalidKnobs(f"steps_per_execution={self.execution.count}: {why}")
+
+    def __getattr__(self, name: str) -> Any:
+        if name.startswith("_"):  # protocols probed with hasattr (nest, NumPy): not this
+            raise AttributeError(name)
+        self._refuse()
+
+    __array__ = __bool__ = __len__ = __iter__ = __getitem__ = __int__ = __float__ = _refuse
+    __add__ = __radd__ = __sub__ = __rsub__ = __mul__ = __rmul__ = __truediv__ = __rtruediv__ = _refuse
+    __matmul__ = __rmatmul__ = __neg__ = _refuse
+
+    def __repr__(self) -> str:
+        return f"<batch leaf {self.index}, pulled inside the step>"
+
+
+tf.register_tensor_conversion_function(Pending, lambda value, *args, **kwargs: value._refuse())
+
+
+class Execution:
+    """One call of the step that runs up to ``count`` steps over ``iterator`` inside its traced
+    function; ``done`` (a device tensor) the steps it ran, once it ran. Without an iterator it is
+    the probe's dry run: the step is not run, and ``refused`` says why the loop cannot hand it
+    placeholders (None: it can)."""
+
+    def __init__(self, iterator: Any, count: int) -> None:
+        self.iterator, self.count = iterator, count
+        self.done: tf.Tensor | None = None
+        self.refused: str | None = None
+
+    def placeholders(self, spec: Any) -> Any:
+        """The batch as the loop sees it: each leaf of ``spec`` (the data's element) a ``Pending``."""
+        leaves = tf.nest.flatten(spec)
+        return tf.nest.pack_sequence_as(spec, [Pending(self, i) for i in range(len(leaves))])
+
+
+def positional(spec: Any) -> Any:
+    """The call ``step(*element)`` as a layout (``StepFunction.run``): a tuple element's leaves
+    as the positional arguments, any other element as the one argument."""
+    if isinstance(spec, tuple):
+        return (tuple(range(len(spec))), {})
+    return ((0,), {})
+
+
+class StepFunction:
+    """A train step (a Python function returning its loss) under ``tf.function``: XLA when
+    ``jit``, the NaN guard and fp16 loss-scale skips kept on the device (one small update per
+    step, read at window boundaries), and its traces counted (each run of the Python body in a
+    graph is a trace; one outside a graph is an eager call). Called with a batch it runs one step
+    (the script's own loop); called with the ``Pending`` leaves of an ``Execution`` it runs up to
+    that many steps in one traced call, pulling each batch inside (``steps_per_execution``).
+    ``optimizers()``: the optimizers the step applies (their loss scale's skips are counted).
+    ``rejected(exc)``: what a TensorFlow error on a call becomes (None: itself)."""
+
+    def __init__(self, fn: Callable[..., Any], jit: bool | None, execution_steps: int = 1,
+                 optimizers: Callable[[], list[Any]] = list, guarded: bool = True,
+                 rejected: Callable[[tf.errors.OpError], Exception] | None = None) -> None:
+        self.fn, self.execution_steps, self.optimizers, self.rejected = fn, execution_steps, optimizers, rejected
+        self.guard = StepGuard(guarded)
+        self.skipped = tf.Variable(tf.constant(0, tf.int64), trainable=False)
+        self.traces = self.eager_calls = self.calls = 0
+        self.most_per_call = 0  # the most steps one call ran (known without a sync only where it was asked)
+        self.traced = tf.function(self._body, jit_compile=jit)
+        self._execute = tf.function(self._steps)
+
+    def _body(self, *args: Any, **kwargs: Any) -> Any:
+        if tf.inside_function():
+            self.traces += 1
+        else:
+            self.eager_calls += 1  # tf.config.run_functions_eagerly(True): no graph, no XLA
+        scaled = [o for o in self.optimizers() if isinstance(o, keras.optimizers.LossScaleOptimizer)]
+        before = [tf.identity(o.dynamic_scale) for o in scaled]
+        out = self.fn(*args, **kwargs)
+        if out is None or not tf.nest.flatten(out):
+            raise WorkloadError("the step kt.step(fn) wraps returned nothing: return its loss (knobtune's NaN guard "
+                                "and the trial's final_loss read it)")
+        for optimizer, scale in zip(scaled, before):  # a halved scale: the step was skipped
+            self.skipped.assign_add(tf.cast(optimizer.dynamic_scale < scale, tf.int64))
+        self.guard.update_state(None, out)
+        return out
+
+    def _steps(self, iterator: Any, count: tf.Tensor, layout: Any, extra: tuple[Any, ...]) -> tf.Tensor:
+        done = tf.constant(0, tf.int64)
+        for _ in tf.range(count):
+            element = iterator.get_next_as_optional()
+            if not element.has_value():
+                break
+            flat, given = tf.nest.flatten(element.get_value()), iter(extra)
+            args, kwargs = tf.nest.pack_sequence_as(layout, [flat[i] if i >= 0 else next(given)
+                                                             for i in tf.nest.flatten(layout)])
+            self.traced(*args, **kwargs)
+            done += 1
+        return done
+
+    def _call(self, run: Callable[[], Any]) -> Any:
+        self.calls += 1
+        try:
+            return run()
+        except (tf.errors.InvalidArgumentError, tf.errors.UnimplementedError) as exc:
+            if self.rejected is None:
+                raise
+            raise self.rejected(exc) from None
+
+    def __call__(self, *args: Any, **kwargs: Any) -> Any:
+        flat = tf.nest.flatten((args, kwargs))
+        pending = [leaf for leaf in flat if isinstance(leaf, Pending)]
+        if not pending:
+            self.most_per_call = max(self.most_per_call, 1)
+            return self._call(lambda: self.traced(*args, **kwargs))
+        execution = pending[0].execution
+        if any(p.execution is not execution for p in pending) or execution.done is not None:
+            raise WorkloadError("kt.step: call the step once per batch kt.batches(...) yields, with that batch")
+        if execution.iterator is None:  # the probe's dry run: the loop hands the batch to the step untouched
+            raise ScriptDone
+        layout = tf.nest.pack_sequence_as((args, kwargs), [leaf.index if isinstance(leaf, Pending) else -1
+                                                           for leaf in flat])
+        extra = tuple(leaf for leaf in flat if not isinstance(leaf, Pending))
+        execution.done = self.run(execution.iterator, execution.count, layout, extra)
+        return self.guard.last.value  # the last step's loss, on the device
+
+    def run(self, iterator: Any, count: int, layout: Any, extra: tuple[Any, ...] = ()) -> tf.Tensor:
+        """Up to ``count`` steps over ``iterator`` in one traced call, each calling the step as
+        ``layout`` says (``(args, kwargs)``: a leaf's index in the element, or -1 for the next of
+        ``extra``); the steps it ran, on the device."""
+        self.most_per_call = max(self.most_per_call, count)
+        return self._call(lambda: self._execute(iterator, tf.constant(count, tf.int64), layout, extra))
+
+    def reading(self) -> GuardReading:
+        return self.guard.reading()
+
+    @property
+    def graph(self) -> bool:
+        """Whether the step ran as a graph (traced), not eagerly."""
+        return self.eager_calls == 0
+
+    @property
+    def jit_used(self) -> bool:
+        """XLA, read back from the tf.function (and no eager call, where it does not apply)."""
+        return bool(getattr(self.traced, "_jit_compile", False)) and self.graph
+
+    @property
+    def per_call(self) -> int:
+        """Steps per host call, as run (before any call: as set)."""
+        return self.most_per_call or self.execution_steps
+
+    def report(self) -> dict[str, Any]:
+        """What a trial's ``applied`` says of the step: its traces, calls and whether it was a graph."""
+        return {"step_traces": self.traces, "step_calls": self.calls, "step_graph": self.graph,
+                "step_eager_calls": self.eager_calls}
+
+
 class CustomStep:
-    """One train step under ``@tf.function`` (XLA when ``jit``), with the NaN guard and fp16
-    loss-scale skips kept in ``tf.Variable``s: read only at window boundaries."""
+    """knobtune's own train step for its built-in workloads (``loop='custom'``): the model's loss
+    and optimizer (a LossScaleOptimizer under mixed_float16) in a ``StepFunction``."""
 
     def __init__(self, model: keras.Model, loss: Any, optimizer: Any, jit: bool, policy: str) -> None:
-        self.scaled = policy == "mixed_float16"
-        if self.scaled:
+        if policy == "mixed_float16":
             optimizer = keras.optimizers.LossScaleOptimizer(optimizer)
         optimizer.build(model.trainable_variables)
         self.optimizer = optimizer
         loss_fn = keras.losses.get(loss) if isinstance(loss, str) else loss
-        self.bad = tf.Variable(False)
-        self.first_bad = tf.Variable(tf.constant(-1, tf.int64))
-        self.counter = tf.Variable(tf.constant(0, tf.int64))
-        self.loss_sum = tf.Variable(0.0)
-        self.skipped = tf.Variable(tf.constant(0, tf.int64))
-        self._read_steps = 0
 
-        def one_step(x: tf.Tensor, y: tf.Tensor) -> None:
+        def one_step(x: tf.Tensor, y: tf.Tensor) -> tf.Tensor:
             with tf.GradientTape() as tape:
                 loss = loss_fn(y, model(x, training=True))
                 scaled_loss = optimizer.scale_loss(loss)
             grads = tape.gradient(scaled_loss, model.trainable_variables)
-            if self.scaled:
-                before = tf.identity(optimizer.dynamic_scale)
             optimizer.apply(grads, model.trainable_variables)
-            if self.scaled:
-                self.skipped.assign_add(tf.cast(optimizer.dynamic_scale < before, tf.int64))
-            value = tf.cast(loss, tf.float32)
-            bad_now = tf.logical_not(tf.math.is_finite(value))
-            self.first_bad.assign(tf.where(bad_now & (self.first_bad < 0), self.counter, self.first_bad))
-            self.bad.assign(tf.logical_or(self.bad, bad_now))
-            self.counter.assign_add(1)
-            self.loss_sum.assign_add(value)
+            return loss
 
-        self.step_fn = tf.function(one_step, jit_compile=jit, reduce_retracing=True)
-
-    def checkpoint(self) -> GuardReading:
-        steps = int(self.counter.numpy())  # synchronises
-        mean = float(self.loss_sum.numpy()) / max(1, steps - self._read_steps)
-        self._read_steps = steps
-        self.loss_sum.assign(0.0)
-        first = int(self.first_bad.numpy())
-        return GuardReading(not bool(self.bad.numpy()), first if first >= 0 else None, mean)
+        self.function = StepFunction(one_step, jit, optimizers=lambda: [optimizer])
+        self.step_fn = self.function.traced
+        self.skipped = self.function.skipped
+        self.checkpoint = self.function.reading
 
     def executor(self, dataset: tf.data.Dataset, batch_size: int) -> Callable[[int, int], int]:
         """``step(first, count)`` for ``protocol.drive``: ``count`` steps per host call, the
         batches pulled inside the function (the iterator is made at the first call, so the
         pipeline's start-up is timed as warm-up)."""
-        train = self.step_fn
-
-        @tf.function
-        def execute(iterator: Any, count: tf.Tensor) -> None:
-            for _ in tf.range(count):  # steps_per_execution steps per host call
-                x, y = next(iterator)
-                train(x, y)
-
         state: dict[str, Any] = {"iterator": None}
+        layout = positional(dataset.element_spec)
 
         def step(first: int, count: int) -> int:
             if state["iterator"] is None:
                 state["iterator"] = iter(dataset)
-            execute(state["iterator"], tf.constant(count, tf.int64))
+            self.function.run(state["iterator"], count, layout)
             return count * batch_size
 
         return step

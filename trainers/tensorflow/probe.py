@@ -32,7 +32,7 @@ def _parameters(model: keras.Model) -> int:
 
 
 def describe_script(request: Request) -> dict[str, Any]:
-    """Run the script until its first ``kt.fit``: what it builds, and its own settings (the
+    """Run the script until its first ``kt.fit`` or ``kt.batches``: what it builds, and its own settings (the
     batch size and pipeline settings it gives kt.dataset, the jit_compile, steps_per_execution
     and accumulation it gives kt.compile: the baseline's values)."""
     kt = for_request(replace(request, knobs={}), role="probe")
@@ -55,6 +55,7 @@ def describe_script(request: Request) -> dict[str, Any]:
         "batch_size": seen.get("batch_size"),
         "settings": dict(seen.get("settings") or {}),
         "calls": sorted(kt.used),
+        **kt.driver.step_batches(),  # type: ignore[attr-defined]
     }
 
 

@@ -8,12 +8,16 @@ trainers/common/roles.py), chosen once when the ``Tuned`` is made (``DRIVERS``):
     ProductionDriver  an export's knobs: the same fit, its rate against the confirmed one
 
 ``kt.fit`` hands its model and dataset to the driver once; the steps run inside Keras (or the
-custom loop), timed by callbacks at execution boundaries.
+custom loop), timed by callbacks at execution boundaries. A script with its own step (``kt.step``)
+loops over ``kt.batches``, the driver's generator: one item per execution of the step (a batch,
+or the placeholders of ``steps_per_execution`` batches), timed by the same window timer.
 """
 from __future__ import annotations
 
+import itertools
 import time
-from typing import TYPE_CHECKING, Any, Callable
+from dataclasses import replace
+from typing import TYPE_CHECKING, Any, Callable, Iterator
 
 import keras
 import tensorflow as tf
@@ -21,7 +25,16 @@ import tensorflow as tf
 from knobtune.trainers.common import roles
 from knobtune.trainers.common.errors import InvalidKnobs, WorkloadError
 from knobtune.trainers.common.production import log
-from knobtune.trainers.common.protocol import BurstRecord, GuardReading, Schedule, drive, hooks_from, make_schedule
+from knobtune.trainers.common.protocol import (
+    BurstRecord,
+    GuardReading,
+    Hooks,
+    Schedule,
+    WindowTimer,
+    drive,
+    hooks_from,
+    make_schedule,
+)
 from knobtune.trainers.common.script import ScriptDone
 from knobtune.trainers.common.wire import Result
 from knobtune.trainers.tensorflow import knobs as K
@@ -32,7 +45,7 @@ from knobtune.trainers.tensorflow.data import (
     pipeline_knobs,
     read_ahead,
 )
-from knobtune.trainers.tensorflow.loops import CustomStep, FitTimer, WatchdogCallback
+from knobtune.trainers.tensorflow.loops import CustomStep, Execution, FitTimer, StepFunction, WatchdogCallback
 
 if TYPE_CHECKING:
     from knobtune.trainers.tensorflow.tuned import Compiled, Made, Tuned
@@ -74,12 +87,27 @@ class Driver(roles.Driver):
             return int(counted)
         return int(train_size or count_records(files))
 
-    def compiled(self, model: keras.Model, own: dict[str, Any]) -> None:
-        """After ``kt.compile`` (``own``: the script's own compile settings)."""
+    def compiled(self, model: keras.Model | None, own: dict[str, Any]) -> None:
+        """After ``kt.compile``, ``kt.optimizer`` or ``kt.step`` (``own``: the script's own settings;
+        ``model``: the one compiled or whose optimizer was prepared)."""
 
     def fit(self, model: keras.Model, dataset: tf.data.Dataset, epochs: int, evaluate: Callable[[], float] | None,
             kwargs: dict[str, Any]) -> Any:
         raise NotImplementedError
+
+    def batches(self, dataset: tf.data.Dataset, evaluate: Callable[[], float] | None) -> Iterator[Any]:
+        raise NotImplementedError
+
+    def watch(self) -> None:
+        """The watchdog's interval boundary under a script's own step: its guard read (one sync)."""
+        step = self.kt.step_function
+        if step is not None and step.reading().first_bad_step is not None:
+            log.warning("the step's loss became non-finite during the last watchdog interval")
+
+    def compilations(self) -> int:
+        """The script's step's traces (an interval that traced it again is not judged)."""
+        step = self.kt.step_function
+        return step.traces if step is not None else 0
 
 
 class DefaultDriver(Driver):
@@ -100,15 +128,55 @@ class DefaultDriver(Driver):
                         "does not watch this fit")
         return model.fit(dataset, epochs=epochs, callbacks=callbacks, **kwargs)
 
+    def batches(self, dataset: tf.data.Dataset, evaluate: Callable[[], float] | None) -> Iterator[Any]:
+        """One pass over ``dataset``, watched: samples counted per execution, the guard read at
+        the watchdog's interval. With steps_per_execution > 1 the pass ends at the first
+        execution that ran short (its count read once per execution, not per step)."""
+        kt = self.kt
+        kt.fit_data = dataset
+        step = kt.step_function
+        assert step is not None
+        size = kt._batch_size(dataset) or 0
+        watchdog = self.watchdog
+        watchdog.resume()
+        try:
+            if step.execution_steps == 1:
+                for batch in dataset:
+                    calls = step.calls
+                    yield batch
+                    called(step, calls)
+                    shape = getattr(next(iter(tf.nest.flatten(batch)), None), "shape", None)
+                    watchdog.step(int(shape[0]) if shape is not None and shape.rank else size)  # a short last batch
+                return
+            iterator = iter(dataset)
+            while True:
+                execution = Execution(iterator, step.execution_steps)
+                calls = step.calls
+                yield execution.placeholders(dataset.element_spec)
+                called(step, calls)
+                done = int(execution.done)  # type: ignore[arg-type]
+                watchdog.step(done * size)
+                if done < execution.count:
+                    return
+        finally:
+            watchdog.pause()
+
+
+def called(step: StepFunction, calls: int) -> None:
+    """Raise when the loop's body did not call the step with the batch it got."""
+    if step.calls == calls:
+        raise WorkloadError("the loop over kt.batches(...) did not call the step kt.step wrapped: call it once "
+                            "per batch, with that batch (loss = step(*batch)); knobtune times and guards that step")
+
 
 class ProductionDriver(DefaultDriver):
     """An export's knobs (``Tuned.load`` checked them), the same watched fit; the watchdog
     compares the live rate with the rate the export was confirmed at."""
 
-    def compiled(self, model: keras.Model, own: dict[str, Any]) -> None:
+    def compiled(self, model: keras.Model | None, own: dict[str, Any]) -> None:
         kt = self.kt
         wanted = kt.knobs["mixed_precision"]
-        if "mixed_precision" in kt.explicit and model.dtype_policy.name != wanted:
+        if model is not None and "mixed_precision" in kt.explicit and model.dtype_policy.name != wanted:
             log.warning(f"the model computes under the {model.dtype_policy.name} policy, not the loaded {wanted}: "
                         f"build it after Tuned.load(), which sets Keras' global dtype policy")
 
@@ -133,10 +201,31 @@ class ProbeDriver(Driver):
         self.describe("settings", own)
         return self.seeded(files, train_size, shuffle, shuffle_buffer)
 
-    def compiled(self, model: keras.Model, own: dict[str, Any]) -> None:
-        policy = model.dtype_policy.name
+    def compiled(self, model: keras.Model | None, own: dict[str, Any]) -> None:
+        policy = model.dtype_policy.name if model is not None else None
         self.describe("settings", {**{k: v for k, v in own.items() if _knob_value(k, v)},
                                    **({"mixed_precision": policy} if policy in K.POLICIES[1:] else {})})
+
+    def batches(self, dataset: tf.data.Dataset, evaluate: Callable[[], float] | None) -> Iterator[Any]:
+        assert self.trial is not None
+        self.trial.started = True
+        kt = self.kt
+        models = [m for m, _ in kt.prepared] + [c.model for c in kt.compiled.values()]
+        self.description.update(models=models, dataset=dataset, made=kt._made(dataset),
+                                batch_size=kt._batch_size(dataset))
+        # a dry run of the loop's body on the placeholders of two batches: whether it hands them to the
+        # step untouched (steps_per_execution > 1 can apply) or uses them itself (it cannot)
+        self.dry_run = Execution(None, 2)
+        yield self.dry_run.placeholders(dataset.element_spec)
+        raise ScriptDone
+
+    dry_run: Execution | None = None
+
+    def step_batches(self) -> dict[str, Any]:
+        """What the dry run found, for the workload's description (nothing without a step)."""
+        if self.dry_run is None:
+            return {}
+        return {"step_uses_batch": self.dry_run.refused}
 
     def fit(self, model: keras.Model, dataset: tf.data.Dataset, epochs: int, evaluate: Callable[[], float] | None,
             kwargs: dict[str, Any]) -> Any:
@@ -167,10 +256,11 @@ class TrialDriver(roles.Measuring, Driver):
                                f"({records} samples)")
         return plan
 
-    def start(self, model: keras.Model,
-              dataset: tf.data.Dataset) -> tuple[Schedule, Made | None, tf.data.Dataset] | None:
-        """The burst's schedule, the pipeline ``kt.dataset`` built (None: another) and the data it
-        trains on (repeated); None when the burst already ran."""
+    def start(self, dataset: tf.data.Dataset, accumulation: int, execution: int, model: keras.Model | None = None
+              ) -> tuple[Schedule, Made | None, tf.data.Dataset] | None:
+        """The burst's schedule (``accumulation`` micro-batches per optimizer step, ``execution``
+        steps per host call), the pipeline ``kt.dataset`` built (None: another) and the data it
+        trains on (repeated); None when the burst already ran. ``model``: kt.fit's."""
         trial, kt = self.trial, self.kt
         if trial.started:
             return None
@@ -179,27 +269,101 @@ class TrialDriver(roles.Measuring, Driver):
         kt.fit_model, kt.fit_data = model, dataset
         batch = kt._batch_size(dataset)
         if batch is None:
-            raise WorkloadError("kt.fit(model, dataset): cannot tell the dataset's batch size (no batch op in its "
-                                "pipeline); build it with kt.dataset(...)")
+            raise WorkloadError("the training dataset: cannot tell its batch size (no batch op in its pipeline); "
+                                "build it with kt.dataset(...)")
         made = kt._made(dataset)
         data = trial.data = dataset if made is not None else dataset.repeat()  # the burst runs across epochs
         ahead = read_ahead({**pipeline_knobs(describe_pipeline(data)), "batch_size": batch})
-        schedule = trial.schedule = make_schedule(trial.request.burst, batch, K.accumulation(model.optimizer),
-                                                  int(model.steps_per_execution), read_ahead=ahead)
+        schedule = trial.schedule = make_schedule(trial.request.burst, batch, accumulation, execution,
+                                                  read_ahead=ahead)
         return schedule, made, data
+
+    def hooks(self, evaluate: Callable[[], float] | None, call: str) -> Hooks:
+        """The burst's hooks; time-to-accuracy needs ``evaluate`` (``call``: how to pass it)."""
+        if self.trial.request.target_accuracy is not None and evaluate is None:
+            raise InvalidKnobs(f"time-to-accuracy needs an evaluation between windows: call {call}, fn() returning "
+                               f"the held-out accuracy")
+        return hooks_from(self.trial.request, evaluate or (lambda: 0.0))
+
+    def step_schedule(self, dataset: tf.data.Dataset) -> tuple[Schedule, Made | None, tf.data.Dataset] | None:
+        """``start`` for the script's own step: its optimizer's accumulation, its steps per call."""
+        kt = self.kt
+        assert kt.step_function is not None
+        optimizer = kt.prepared[-1][1] if kt.prepared else None
+        return self.start(dataset, K.accumulation(optimizer) if optimizer is not None else 1,
+                          kt.step_function.execution_steps)
+
+    def executions(self, iterator: Any, spec: Any, schedule: Schedule, timer: WindowTimer) -> Iterator[Any]:
+        """The burst to the script's loop: a batch per step, or with steps_per_execution > 1 the
+        placeholders of an execution's batches; each timed once the loop has handed it to the step."""
+        step = self.kt.step_function
+        assert step is not None
+        n = schedule.execution_steps
+        for first in range(0, schedule.total_steps, n):
+            count = min(n, schedule.total_steps - first)
+            calls = step.calls
+            yield next(iterator) if n == 1 else Execution(iterator, count).placeholders(spec)
+            called(step, calls)
+            if not timer.passed(first + count, count * schedule.batch_size, step.reading):
+                return
+
+    def batches(self, dataset: tf.data.Dataset, evaluate: Callable[[], float] | None) -> Iterator[Any]:
+        started = self.step_schedule(dataset)
+        if started is None:
+            return  # the burst ran in the first call; the script's other epochs are not trained
+        schedule, _, data = started
+        trial, step = self.trial, self.kt.step_function
+        assert step is not None
+        hooks = self.hooks(evaluate, "kt.batches(dataset, evaluate=fn)")
+        progress = hooks.progress
+
+        def stamped(segment: dict[str, Any]) -> None:  # the windows begin after the last other segment
+            if segment["phase"] != "windows":
+                self.window_mark = (step.traces, step.calls)
+            if progress is not None:
+                progress(segment)
+
+        timer = trial.timer = WindowTimer(schedule, hooks=replace(hooks, progress=stamped))
+        trial.record = timer.record
+        try:
+            timer.start()  # before the iterator is made: the pipeline's start-up is warm-up
+            yield from self.executions(iter(data), data.element_spec, schedule, timer)
+            record = timer.record
+            trial.completed = (record.steps_done >= schedule.total_steps or record.nan_step is not None
+                               or bool(record.target_reached))
+        finally:
+            if not trial.completed:
+                trial.stopped_at = timer.record.steps_done
+            trial.burst_end = time.perf_counter()
+
+    window_mark = (0, 0)  # the step's (traces, calls) when the measured windows began
+
+    def retraced(self) -> dict[str, Any]:
+        """The step's traces and calls in the measured windows, and the verdict: a step traced
+        again on every call there measured its tracing, not the knobs (the outcome is invalid)."""
+        step = self.kt.step_function
+        if step is None or self.trial.record is None or not self.trial.record.windows:
+            return {}
+        traces, calls = step.traces - self.window_mark[0], step.calls - self.window_mark[1]
+        out: dict[str, Any] = {"step_traces_in_windows": traces, "step_calls_in_windows": calls}
+        if calls and traces >= calls:
+            out["failure"] = (f"the step kt.step wraps was traced again on every call in the measured windows "
+                              f"({traces} traces in {calls} calls, {step.traces} in all): each call rebuilt its "
+                              f"graph, so the windows measured Python tracing, not the knobs. Pass tensors, not "
+                              f"Python numbers or new objects, to the step, and keep Python side effects "
+                              f"(print, list.append) out of it (tf.print, tf.TensorArray)")
+        elif traces:
+            log.warning(f"the step was traced again {traces} time(s) in {calls} calls of the measured windows")
+        return out
 
     def fit(self, model: keras.Model, dataset: tf.data.Dataset, epochs: int, evaluate: Callable[[], float] | None,
             kwargs: dict[str, Any]) -> Any:
-        started = self.start(model, dataset)
+        started = self.start(dataset, K.accumulation(model.optimizer), int(model.steps_per_execution), model)
         if started is None:
             return self.history  # the burst ran in the first call; the script's other epochs are not trained
         schedule, _, data = started
         trial, kt = self.trial, self.kt
-        target = trial.request.target_accuracy
-        if target is not None and evaluate is None:
-            raise InvalidKnobs("time-to-accuracy needs an evaluation between windows: call "
-                               "kt.fit(model, dataset, evaluate=fn), fn() returning the held-out accuracy")
-        hooks = hooks_from(trial.request, evaluate or (lambda: 0.0))
+        hooks = self.hooks(evaluate, "kt.fit(model, dataset, evaluate=fn)")
         try:
             if kt.knobs["loop"] == "custom" and not trial.script:
                 record = self.custom(model, data, schedule, hooks)
@@ -243,20 +407,23 @@ class TrialDriver(roles.Measuring, Driver):
         """Measurements, knobs read back, what was applied, accuracy and the outcome."""
         kt = self.kt
         trial = kt.result_check()
-        schedule, model = trial.schedule, kt.fit_model
-        assert schedule is not None and model is not None and trial.data is not None
+        schedule = trial.schedule
+        assert schedule is not None and trial.data is not None
+        model, optimizer = kt.trained_with()
+        step = kt.step_function if kt.fit_model is None else None  # the script's own step trained the burst
         made = kt._made(kt.fit_data)
         pipeline = describe_pipeline(trial.data)
         effective = kt.knobs_effective()
-        optimizer = kt.custom.optimizer if kt.custom is not None else model.optimizer
+        function = step or (kt.custom.function if kt.custom is not None else None)
+        retraced = self.retraced() if step is not None else {}
         applied = {
             "device": "gpu" if kt.gpu else "cpu",
-            "policy": model.dtype_policy.name,
+            "policy": model.dtype_policy.name if model is not None else keras.mixed_precision.global_policy().name,
             "loss_scale_optimizer": isinstance(optimizer, keras.optimizers.LossScaleOptimizer),
-            "jit_compile": bool(model.jit_compile),
+            "jit_compile": step.jit_used if step is not None else bool(model.jit_compile),
             "steps_per_execution": schedule.execution_steps,
             "accumulation_steps": schedule.accumulation_steps,
-            "loop": effective.get("loop", "fit"),
+            "loop": "kt.step" if step is not None else effective.get("loop", "fit"),
             "intra_op_threads": tf.config.threading.get_intra_op_parallelism_threads(),
             "learning_rate": K.learning_rate(optimizer),
             "tf32": effective["tf32"],
@@ -265,14 +432,22 @@ class TrialDriver(roles.Measuring, Driver):
             "shuffle_buffer": made.shuffle_buffer if made is not None else None,
             "read_ahead_batches": read_ahead({**pipeline_knobs(pipeline), "batch_size": schedule.batch_size}),
             "eval_batch_size": trial.metrics.get("eval_batch_size"),
+            **(function.report() if function is not None else {}),
+            **{k: v for k, v in retraced.items() if k != "failure"},
         }
-        outcome = self.outcome("the script's training stopped after {done} of the burst's {total} micro-batches "
-                               "(a callback set model.stop_training?); kt.fit trains the whole burst by itself")
+        stopped = ("the script's training stopped after {done} of the burst's {total} micro-batches "
+                   + ("(it left its loop over kt.batches early); kt.batches yields the whole burst by itself"
+                      if step is not None else
+                      "(a callback set model.stop_training?); kt.fit trains the whole burst by itself"))
+        outcome = self.outcome(stopped)
+        if "failure" in retraced and outcome["outcome"] == "ok":
+            outcome = {"outcome": "invalid", "failure": retraced["failure"], "eval_seconds": outcome["eval_seconds"]}
+        scaled = id(model) in kt.compiled or any(m is model for m, _ in kt.prepared)
         return Result(**(trial.record.measurement() if trial.record is not None else {}), knobs_effective=effective,
                       not_exercised=kt.not_exercised(), setup_seconds=trial.setup_seconds,
                       effective_batch_size=schedule.batch_size * schedule.accumulation_steps,
-                      lr_scale=kt.lr_scale if id(model) in kt.compiled else 1.0, pipeline=pipeline, applied=applied,
-                      amp_skipped_steps=int(kt.custom.skipped.numpy()) if kt.custom is not None else None,
+                      lr_scale=kt.lr_scale if scaled else 1.0, pipeline=pipeline, applied=applied,
+                      amp_skipped_steps=int(function.skipped.numpy()) if function is not None else None,
                       **outcome, peak_memory_mb=K.peak_memory_mb(kt.gpu), memory_limit_mb=K.memory_limit_mb(kt.gpu))
 
 
@@ -284,17 +459,13 @@ class DiagnoseDriver(roles.Diagnosing, TrialDriver):
 
     def fit(self, model: keras.Model, dataset: tf.data.Dataset, epochs: int, evaluate: Callable[[], float] | None,
             kwargs: dict[str, Any]) -> Any:
-        started = self.start(model, dataset)
+        started = self.start(dataset, K.accumulation(model.optimizer), int(model.steps_per_execution), model)
         if started is None:
             return self.history
         schedule, made, data = started
         trial = self.trial
-        if made is None:
-            raise WorkloadError("the diagnosis rebuilds the input pipeline with other settings: build it with "
-                                "kt.dataset(...)")
         entry = self.compiled_by_kt(model, "the diagnosis")
-        variants = trial.request.input_variants or {"as configured": {}}
-        inputs = {label: self.input_ceiling(made, overrides, schedule) for label, overrides in variants.items()}
+        inputs = self.input_ceilings(made, schedule)
         x, y = next(iter(data))
         train = CustomStep(model, entry.loss, entry.optimizer, bool(model.jit_compile), model.dtype_policy.name)
 
@@ -312,6 +483,34 @@ class DiagnoseDriver(roles.Diagnosing, TrialDriver):
         trial.completed = True
         trial.burst_end = time.perf_counter()
         raise ScriptDone
+
+    def batches(self, dataset: tf.data.Dataset, evaluate: Callable[[], float] | None) -> Iterator[Any]:
+        """The ceilings of a script with its own step: the input's as for kt.fit; the compute's
+        its own loop over one batch, already made, handed to its step again and again (with
+        steps_per_execution > 1 pulled inside the step from a dataset of that batch)."""
+        started = self.step_schedule(dataset)
+        if started is None:
+            return
+        schedule, made, data = started
+        inputs = self.input_ceilings(made, schedule)
+        batch = next(iter(data))
+        same = (itertools.repeat(batch) if schedule.execution_steps == 1
+                else iter(tf.data.Dataset.from_tensors(batch).repeat()))
+        timer = WindowTimer(schedule)
+        timer.start()
+        yield from self.executions(same, data.element_spec, schedule, timer)
+        self.ceilings(inputs, float(timer.record.measurement()["samples_per_second"]))
+        self.trial.completed = True
+        self.trial.burst_end = time.perf_counter()
+        raise ScriptDone
+
+    def input_ceilings(self, made: Made | None, schedule: Schedule) -> dict[str, float]:
+        """The input ceiling of each variant the request names (the pipeline rebuilt with it)."""
+        if made is None:
+            raise WorkloadError("the diagnosis rebuilds the input pipeline with other settings: build it with "
+                                "kt.dataset(...)")
+        variants = self.trial.request.input_variants or {"as configured": {}}
+        return {label: self.input_ceiling(made, overrides, schedule) for label, overrides in variants.items()}
 
     def input_ceiling(self, made: Made, overrides: dict[str, Any], schedule: Schedule) -> float:
         settings = {**made.settings, **{k: v for k, v in overrides.items() if k in K.PIPELINE_KNOBS}}

@@ -8,6 +8,14 @@ knobtune can tune it (inside a trial) and run the winner (in production) through
     kt.fit(model, ds, epochs=10)          # XLA, steps_per_execution, accumulation, the NaN guard
     kt.report(val_accuracy=evaluate(model))
 
+or, for a script with its own ``@tf.function`` step and loop::
+
+    optimizer = kt.optimizer(model, keras.optimizers.Adam(1e-3))   # accumulation; loss scaling under fp16
+    @kt.step                              # in place of @tf.function: XLA, steps per call, the NaN guard
+    def train_step(x, y): ...             # a GradientTape step that returns its loss
+    for x, y in kt.batches(ds):           # the measured burst in a trial; one pass, watched, in production
+        loss = train_step(x, y)
+
 ``Tuned.load()`` must come before the script builds its model: it sets the Keras global dtype
 policy (``mixed_precision``), which a layer takes when it is built, and TensorFlow's intra-op
 threads, which are fixed once its runtime starts.
@@ -26,7 +34,7 @@ from __future__ import annotations
 import os
 import time
 from dataclasses import dataclass
-from typing import Any, Callable, Sequence
+from typing import Any, Callable, Iterator, Sequence
 
 import keras
 import tensorflow as tf
@@ -38,11 +46,14 @@ from knobtune.trainers.common.wire import Request
 from knobtune.trainers.tensorflow import env
 from knobtune.trainers.tensorflow import knobs as K
 from knobtune.trainers.tensorflow.data import AUTOTUNE, build_pipeline, describe_pipeline, options_knobs, pipeline_knobs
-from knobtune.trainers.tensorflow.loops import CustomStep, FirstNonFinite, with_guard
+from knobtune.trainers.tensorflow.loops import CustomStep, FirstNonFinite, StepFunction, with_guard
 from knobtune.trainers.tensorflow.roles import DRIVERS, Driver
 
 LOOP_WHY = ("the script trains through kt.fit (Keras model.fit); loop='custom' is knobtune's own @tf.function "
             "loop for its built-in workloads")
+STEP_LOOP_WHY = ("the script trains with its own step (kt.step); loop='custom' is knobtune's own @tf.function loop "
+                 "for its built-in workloads")
+STEP_KNOBS = ("jit_compile", "steps_per_execution")  # what kt.step applies (kt.optimizer: accumulation_steps)
 PARALLELISM = ("cycle_length", "interleave_parallel_calls", "map_parallel_calls", "prefetch")
 
 _ACTIVE: "Tuned | None" = None  # the trial or probe this child process runs
@@ -86,7 +97,7 @@ class Tuned(TunedBase):
         "dataset": (K.PIPELINE_KNOBS, "the script's tf.data pipeline is not built by kt.dataset(...)"),
         "compile": (K.COMPILE_KNOBS, "the script never calls kt.compile(model, ...)"),
     }
-    START_HINT = "does it call kt.fit(model, dataset)?"
+    START_HINT = "does it call kt.fit(model, dataset)? (with its own step: does it loop over kt.batches(dataset)?)"
     DRIVERS = DRIVERS
     driver: Driver
 
@@ -116,6 +127,8 @@ class Tuned(TunedBase):
         self.fit_model: keras.Model | None = None
         self.fit_data: tf.data.Dataset | None = None
         self.custom: CustomStep | None = None  # the custom loop's step, when the burst ran one
+        self.prepared: list[tuple[keras.Model, keras.optimizers.Optimizer]] = []  # kt.optimizer's
+        self.step_function: StepFunction | None = None  # the script's own step (kt.step)
         self.accuracy: float | None = None
 
     # ----------------------------------------------------------------- loading
@@ -225,6 +238,87 @@ class Tuned(TunedBase):
                                 "optimizer=..., loss=...) first")
         return self.driver.fit(model, dataset, epochs, evaluate, kwargs)
 
+    def optimizer(self, model: keras.Model, optimizer: Any) -> keras.optimizers.Optimizer:
+        """The optimizer a script's own step (``kt.step``) applies, prepared for ``model`` as
+        ``kt.compile`` prepares fit's: ``accumulation_steps`` (its gradient_accumulation_steps;
+        pass a fresh optimizer), the learning rate a study's lr_scaling asks for, and under
+        mixed_float16 a ``LossScaleOptimizer`` around it (scale the loss with
+        ``optimizer.scale_loss(loss)``, which leaves it as it is otherwise); built on the model's
+        weights. Use the returned optimizer in the step."""
+        self.used.add("optimizer")
+        optimizer = keras.optimizers.get(optimizer)
+        own = {"accumulation_steps": K.accumulation(optimizer)} if K.accumulation(optimizer) > 1 else {}
+        wanted = self.knobs["accumulation_steps"] if "accumulation_steps" in self.explicit else None
+        optimizer = K.prepare_optimizer(optimizer, wanted, self.lr_scale)
+        if model.dtype_policy.name == "mixed_float16" and not isinstance(optimizer,
+                                                                        keras.optimizers.LossScaleOptimizer):
+            optimizer = keras.optimizers.LossScaleOptimizer(optimizer)
+        optimizer.build(model.trainable_variables)  # its variables exist before the step is traced (XLA)
+        self.prepared.append((model, optimizer))
+        self.driver.compiled(model, own)
+        return optimizer
+
+    def step(self, fn: Callable[..., Any] | None = None, *, jit_compile: bool | None = None,
+             steps_per_execution: int | None = None) -> Any:
+        """``fn`` (a train step returning its loss; a ``tf.function`` is unwrapped) under
+        ``tf.function`` with the knobs' ``jit_compile`` (XLA) and the device-side NaN guard; a
+        decorator (``@kt.step``) or a call. With ``steps_per_execution`` N > 1 the batches
+        ``kt.batches`` yields stand for N batches that the step pulls inside one traced call (a
+        ``tf.range`` loop over the iterator); hand each to the step untouched, and the call returns
+        the last step's loss. The script's own ``jit_compile`` (or its ``tf.function``'s) and
+        ``steps_per_execution`` apply where no knob is set. Its traces are counted: a trial reports
+        them (``applied``: ``step_traces``, ``step_calls``, ``step_graph``), and one whose step is
+        traced again on every call of its measured windows is invalid."""
+        if fn is None:
+            return lambda f: self.step(f, jit_compile=jit_compile, steps_per_execution=steps_per_execution)
+        self.used.add("step")
+        if self.step_function is not None:
+            raise WorkloadError("kt.step(fn): a script has one step; this one already wraps "
+                                f"{getattr(self.step_function.fn, '__name__', 'a step')}")
+        own: dict[str, Any] = {}
+        inner = getattr(fn, "python_function", None)  # a tf.function: its Python function, and its own XLA setting
+        if inner is not None:
+            if jit_compile is None and getattr(fn, "_jit_compile", None) is not None:
+                jit_compile = bool(fn._jit_compile)
+            fn = inner
+        if not callable(fn):
+            raise WorkloadError(f"kt.step(fn): expected the train step (a function), got {type(fn).__name__}")
+        if jit_compile is not None:
+            own["jit_compile"] = bool(jit_compile)
+        if steps_per_execution is not None:
+            own["steps_per_execution"] = int(steps_per_execution)
+        settings = {**own, **{k: self.knobs[k] for k in STEP_KNOBS if k in self.explicit}}
+        jit = settings.get("jit_compile")
+        rejected = (lambda exc: K.rejected(exc, self.knobs, ("jit_compile", "mixed_precision", "steps_per_execution"))
+                    ) if self.trial is not None else None
+        self.step_function = StepFunction(fn, None if jit == "auto" else jit,
+                                          int(settings.get("steps_per_execution") or 1),
+                                          optimizers=lambda: [o for _, o in self.prepared], guarded=self.guarded,
+                                          rejected=rejected)
+        self.driver.compiled(None, own)
+        return self.step_function
+
+    def batches(self, dataset: tf.data.Dataset, evaluate: Callable[[], float] | None = None) -> Iterator[Any]:
+        """The batches of ``dataset`` for the script's loop around its ``kt.step``: in a trial the
+        measured burst (warm-up, settle, windows over ``train_samples``, the repeated pipeline,
+        whatever the script's epochs; every later call yields nothing); in production one pass,
+        watched. With ``steps_per_execution`` N > 1 each item stands for N batches (see
+        ``kt.step``). ``evaluate()`` (optional) scores the model: time-to-accuracy studies call
+        it between windows."""
+        self.used.add("batches")
+        if not isinstance(dataset, tf.data.Dataset):
+            raise WorkloadError(f"kt.batches(dataset): expected a tf.data.Dataset (build it with kt.dataset(...)), "
+                                f"got {type(dataset).__name__}")
+        if self.step_function is None:
+            raise WorkloadError("kt.batches(dataset) drives the script's step: wrap it with kt.step(train_step) "
+                                "(in place of @tf.function) before the loop")
+        scaled = any(isinstance(o, keras.optimizers.LossScaleOptimizer) for _, o in self.prepared)
+        if keras.mixed_precision.global_policy().name == "mixed_float16" and not scaled:
+            self.driver.refuse("mixed_precision='mixed_float16' computes in float16 and needs loss scaling: prepare "
+                               "the step's optimizer with kt.optimizer(model, optimizer) and scale the loss with "
+                               "optimizer.scale_loss(loss)")
+        return self.driver.batches(dataset, evaluate)
+
     # ----------------------------------------------------------------- shared by the drivers
 
     def _made(self, dataset: Any) -> Made | None:
@@ -249,9 +343,29 @@ class Tuned(TunedBase):
         if self.fit_model is not None and "compile" in self.used and id(self.fit_model) not in self.compiled:
             out.update({name: "the model given to kt.fit is not compiled by kt.compile(...)"
                         for name in K.COMPILE_KNOBS})
+        if "step" in self.used:  # kt.step applies jit_compile and steps_per_execution, kt.optimizer accumulation
+            for name in STEP_KNOBS:
+                out.pop(name, None)
+            if self.prepared:
+                out.pop("accumulation_steps", None)
+            elif "compile" not in self.used:
+                out["accumulation_steps"] = "the step's optimizer is not prepared by kt.optimizer(model, optimizer)"
         if self.trial is None or self.trial.script:
-            out["loop"] = LOOP_WHY
+            out["loop"] = STEP_LOOP_WHY if "step" in self.used else LOOP_WHY
         return out
+
+    def trained_with(self) -> tuple[keras.Model | None, Any]:
+        """The model and optimizer the burst trained: kt.fit's (or knobtune's custom loop's), else
+        the script's own step's (kt.optimizer's), else the last compiled."""
+        if self.fit_model is not None:
+            model = self.fit_model
+            return model, self.custom.optimizer if self.custom is not None else getattr(model, "optimizer", None)
+        if self.prepared:
+            return self.prepared[-1]
+        if self.compiled:
+            model = list(self.compiled.values())[-1].model
+            return model, model.optimizer
+        return None, None
 
     def knobs_effective(self) -> dict[str, Any]:
         """Every knob as the framework objects report it (read back, not echoed from the request)."""
@@ -259,8 +373,10 @@ class Tuned(TunedBase):
         if data is None and self.made:
             data = self.made[-1].dataset
         pipeline = {**pipeline_knobs(describe_pipeline(data)), **options_knobs(data)} if data is not None else None
-        model = self.fit_model or (list(self.compiled.values())[-1].model if self.compiled else None)
-        trained = K.Trained(self.knobs, self.gpu, pipeline=pipeline, model=model, custom=self.custom is not None)
+        model, optimizer = self.trained_with()
+        step = self.step_function
+        trained = K.Trained(self.knobs, self.gpu, pipeline=pipeline, model=model, custom=self.custom is not None,
+                            step=step, optimizer=optimizer if step is not None else None)
         return K.HANDLERS.read_back(trained, self.not_exercised())
 
 
