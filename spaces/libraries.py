@@ -95,7 +95,7 @@ def hf_script(shown: Shown) -> str:
             "args = TrainingArguments(", "    ...,  # your other arguments, as they are",
             *[f"    {name}={value!r}," for name, value in fields.items()], ")",
             *shown.learning_rate("args.learning_rate = {lr}"),
-            "trainer = Trainer(model=model, args=args, ...)"]
+            "trainer = Trainer(model=model, args=args, train_dataset=train_dataset)  # and the rest of yours"]
     return shown.source(setup.env, body)
 
 

@@ -7,6 +7,7 @@ from dataclasses import replace
 
 import optuna
 
+from knobtune.search.errors import UserError
 from knobtune.search.launch import partition
 from knobtune.search.launch.partition import Partition
 from knobtune.search.launch.probe import probe_study
@@ -16,7 +17,7 @@ from knobtune.search.story import results
 from knobtune.search.story.export import load_existing, study_names
 from knobtune.search.story.summary import diagnosis_line
 from knobtune.search.study import definition
-from knobtune.search.study.diagnose import diagnose_study
+from knobtune.search.study.diagnose import diagnose_study, undiagnosable
 from knobtune.search.study.study import make_plan
 
 
@@ -57,6 +58,9 @@ def main(args: argparse.Namespace) -> int:
                          f"diagnosing on one such share ({len(placement.cores)} core(s)"
                          f"{', GPU ' + placement.gpu if placement.gpu else ''})\n")
     plan = replace(make_plan(parsed, probe_study(parsed, sys.stderr, placement)), placement=placement)
+    skip = undiagnosable(plan)
+    if skip:
+        raise UserError(skip)
     winner = results.best(study) if study is not None else None
     baseline = plan.space.baseline_params(plan.offer, plan.ctx, parsed.baseline)
     record = diagnose_study(study, plan, baseline, winner, sys.stderr)

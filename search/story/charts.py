@@ -299,6 +299,8 @@ def ceilings(study: optuna.Study) -> Chart:
     if not diagnosis:
         return Chart("ceilings", title, caption,
                      missing="the study has no diagnosis (it ran with --no-diagnose; knobtune diagnose STUDY.toml makes one)")
+    if diagnosis.get("skipped"):
+        return Chart("ceilings", title, caption, missing=diagnosis["skipped"])
     import plotly.graph_objects as go
 
     labels, inputs, computes, measured, notes = [], [], [], [], []

@@ -16,6 +16,16 @@ from knobtune.search.storage.record import mark_study
 from knobtune.search.study.objective import Plan
 
 
+def undiagnosable(plan: Plan) -> str | None:
+    """Why this study's job cannot be diagnosed (None: it can): the compute ceiling times the
+    script's own step on one batch, and a trainer library's script trains in the library's loop."""
+    integration = (plan.ctx.get("workload") or {}).get("integration")
+    if integration:
+        return (f"no bottleneck diagnosis: it times the script's own step on one batch, and this script trains in "
+                f"{integration}'s own loop")
+    return None
+
+
 def ceilings(plan: Plan, params: dict[str, Any]) -> dict[str, Any]:
     """Input and compute ceilings (samples/s) of one configuration, measured in a child."""
     resolved = plan.space.resolve(params, plan.offer, plan.ctx)

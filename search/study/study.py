@@ -20,7 +20,7 @@ from knobtune.search.launch.probe import probe_study
 from knobtune.search.storage import artifacts, record, runlock, workers
 from knobtune.search.storage.database import is_sqlite, open_storage, redact, resolve_url
 from knobtune.search.storage.lease import Lease
-from knobtune.search.storage.record import StudyRecord, TrialRecord
+from knobtune.search.storage.record import StudyRecord, TrialRecord, mark_study
 from knobtune.search.storage.workers import Sharing
 from knobtune.search.story import notes, results
 from knobtune.search.story.progress import Progress
@@ -28,7 +28,7 @@ from knobtune.search.story.summary import best_label, study_summary
 from knobtune.search.study import loop, queue, survival, warmstart
 from knobtune.search.study.confirm import confirm
 from knobtune.search.study.definition import Definition
-from knobtune.search.study.diagnose import diagnose_study
+from knobtune.search.study.diagnose import diagnose_study, undiagnosable
 from knobtune.search.study.objective import Plan
 from knobtune.spaces import for_framework
 
@@ -362,7 +362,11 @@ def _confirm_and_diagnose(study: optuna.Study, plan: Plan, err: TextIO, confirm_
         did = True
     winner = results.best(study)
     done = StudyRecord.of(study).diagnosis or {}
-    if diagnose and winner is not None and done.get("winner_trial") != winner.number:
+    skip = undiagnosable(plan) if diagnose and winner is not None else None
+    if skip and done.get("skipped") != skip:
+        err.write(f"knobtune: {skip}\n")
+        mark_study(study, diagnosis={"skipped": skip})
+    elif diagnose and winner is not None and done.get("winner_trial") != winner.number:
         baseline_params = plan.space.baseline_params(plan.offer, plan.ctx, plan.definition.baseline)
         diagnose_study(study, plan, baseline_params, winner, err)
         notes.publish(study, url, "after the diagnosis")

@@ -111,7 +111,8 @@ def attach(kt: Tuned, trainer: Trainer) -> Trainer:
         return loss
 
     trainer.training_step = training_step  # type: ignore[method-assign]
-    kt.used.update({"dataloader", "prepare", "prepare_optimizer", "autocast", "backward", "batches"})
+    kt.used.update({"dataloader", "prepare", "prepare_optimizer", "autocast", "backward"})
+    kt.integration = libraries.HF
     kt.also_not_exercised.setdefault("channels_last", NOT_CHANNELS_LAST)
     return trainer
 

@@ -57,7 +57,8 @@ def trainer(kt: Tuned, arguments: dict[str, Any]) -> L.Trainer:
         shown = ", ".join(f"{k}={v!r}" for k, v in changes.items())
         raise WorkloadError(f"lightning.Trainer refused the arguments ({shown}): {exc}") from None
     callback.trainer = built
-    kt.used.update({"prepare_optimizer", "autocast", "backward", "batches"})
+    kt.used.update({"prepare_optimizer", "autocast", "backward"})
+    kt.integration = libraries.LIGHTNING
     return built
 
 

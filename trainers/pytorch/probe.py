@@ -55,6 +55,7 @@ def describe_script(request: Request) -> dict[str, Any]:
         "batch_size": settings.get("batch_size") or seen.get("loader_batch_size"),
         "settings": settings,
         "calls": sorted(kt.used),
+        "integration": kt.integration,
         **optimizer_impls(kt.prepared[0] if kt.prepared else None, kt.device),
     }
 

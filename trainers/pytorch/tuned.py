@@ -100,6 +100,7 @@ class Tuned(TunedBase):
         self.also_not_exercised: dict[str, str] = {}
         self.observed_autocast: Any = None
         self.library: Callable[[], dict[str, Any]] | None = None
+        self.integration: str | None = None  # the library whose loop trains ("transformers.Trainer")
 
     # ----------------------------------------------------------------- loading
 
