@@ -58,7 +58,7 @@ def hf_round(steps: int) -> tuple[Callable[[], float], Callable[[], float]]:
     from knobtune.trainers.common import text
 
     corpus = text.prepare(context=job.CONTEXT, train_chars=400_000, eval_windows=128)
-    train = job.Windows(corpus.train)
+    train = job.Lines(corpus.train)
     kt = Tuned.load()
     batch = 16
 
@@ -78,7 +78,8 @@ def hf_round(steps: int) -> tuple[Callable[[], float], Callable[[], float]]:
         torch.manual_seed(0)
         clock = Clock(batch)
         args = kt.training_arguments(arguments()) if wrapped else arguments()
-        trainer = Trainer(model=job.build_model(), args=args, train_dataset=train, callbacks=[Timing(clock)])
+        trainer = Trainer(model=job.build_model(), args=args, train_dataset=train, data_collator=job.pad,
+                          callbacks=[Timing(clock)])
         if wrapped:
             trainer = kt.trainer(trainer)
         trainer.train()

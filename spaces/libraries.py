@@ -12,12 +12,12 @@ HF_OPTIMS = {"default": "adamw_torch", "fused": "adamw_torch_fused"}  # optimize
 HF = "transformers.Trainer"
 
 
-def hf_fields(values: Mapping[str, Any], names: Collection[str], *, cuda: bool, optim: str
-              ) -> tuple[dict[str, Any], dict[str, str]]:
+def hf_fields(values: Mapping[str, Any], names: Collection[str], *, cuda: bool, optim: str,
+              sampling: str = "random") -> tuple[dict[str, Any], dict[str, str]]:
     """The ``TrainingArguments`` fields the knobs ``names`` set to ``values``, and knob -> why it
-    is not a field here (the script's optimizer is not the Trainer's AdamW). ``optim``: the
-    script's own ``TrainingArguments.optim``. Raises ValueError for a value the Trainer has no
-    field for (optimizer_impl='foreach')."""
+    is not a field here (the script's optimizer is not the Trainer's AdamW). ``optim`` and
+    ``sampling``: the script's own ``optim`` and ``train_sampling_strategy``. Raises ValueError
+    for a value the Trainer has no field for (optimizer_impl='foreach')."""
     out: dict[str, Any] = {}
     skipped: dict[str, str] = {}
 
@@ -47,6 +47,11 @@ def hf_fields(values: Mapping[str, Any], names: Collection[str], *, cuda: bool, 
         out["torch_compile_mode"] = None if mode in ("off", "default") else mode
     if wanted("matmul_precision") and cuda:  # (tf32=True raises on a machine without TF32)
         out["tf32"] = values["matmul_precision"] != "highest"
+    if wanted("group_by_length"):
+        if values["group_by_length"]:
+            out["train_sampling_strategy"] = "group_by_length"
+        elif sampling == "group_by_length":
+            out["train_sampling_strategy"] = "random"
     if wanted("optimizer_impl"):
         impl = values["optimizer_impl"]
         if optim not in HF_OPTIMS.values():
@@ -70,6 +75,7 @@ def hf_settings(fields: Mapping[str, Any], *, cuda: bool) -> dict[str, Any]:
         "amp": "bf16" if fields.get("bf16") else "fp16" if fields.get("fp16") else "off",
         "compile": (fields.get("torch_compile_mode") or "default") if fields.get("torch_compile") else "off",
         "optimizer_impl": "fused" if fields.get("optim") == HF_OPTIMS["fused"] else "default",
+        "group_by_length": fields.get("train_sampling_strategy") == "group_by_length",
     }
     if workers:
         out["prefetch_factor"] = int(fields.get("dataloader_prefetch_factor") or 2)

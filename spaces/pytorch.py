@@ -106,6 +106,13 @@ def _no_in_order(ctx: Context) -> str | None:
     return None if _hw(ctx).get("loader_in_order") else "needs torch >= 2.6 (the DataLoader's in_order argument)"
 
 
+def _no_lengths(ctx: Context) -> str | None:
+    workload = ctx.get("workload", {})
+    if workload.get("integration") != libraries.HF:
+        return "only Hugging Face's Trainer groups batches by length (kt.training_arguments)"
+    return None if workload.get("variable_lengths") else "the training samples all have the same length"
+
+
 CUDA_GRAPH_MODES = ("reduce-overhead", "max-autotune")
 
 
@@ -242,6 +249,9 @@ KNOBS = (
          choices=lambda ctx: [True, False], unavailable=_no_in_order, inactive=_needs_workers,
          applied_by="dataloader", problem=_in_order_problem,
          lines=lambda v: _code("in_order=False") if v is False else Lines()),
+    Knob("group_by_length", bool, False,
+         "Hugging Face Trainer's train_sampling_strategy='group_by_length': batches of similar lengths, less padding",
+         choices=lambda ctx: [False, True], unavailable=_no_lengths, applied_by="training_arguments"),
     Knob("expandable_segments", bool, False,
          "CUDA caching allocator expandable_segments (PYTORCH_CUDA_ALLOC_CONF): less fragmentation",
          choices=lambda ctx: [False, True], unavailable=_no_cuda,

@@ -31,6 +31,9 @@ num_workers = [0, 1]
 amp = ["off", "bf16"]
 compile = ["off"]
 optimizer_impl = ["default", "fused"]
+group_by_length = [false, true]
+[baseline]
+group_by_length = true   # (the script's samples differ in length: the knob is offered, and read back)
 """)
     knobtune("run", str(path), *FAST, cwd=tmp_path, check=0)
     trials = stored(tmp_path, "hf-example").trials
@@ -39,7 +42,7 @@ optimizer_impl = ["default", "fused"]
         applied, knobs = trial.user_attrs["applied"], trial.user_attrs["knobs"]
         assert applied["integration"] == "transformers.Trainer"
         # read back from what the Trainer built, equal to what the trial asked for
-        for name in ("batch_size", "num_workers", "amp", "optimizer_impl"):
+        for name in ("batch_size", "num_workers", "amp", "optimizer_impl", "group_by_length"):
             assert knobs[name]["applied"] and knobs[name]["value"] == trial.params.get(name, knobs[name]["value"])
         assert applied["trainer_nan_filter"] is False and applied["trainer_max_steps"] > 0
         assert applied["reported_metrics"]["guard_metric"] == "exp(-eval_loss)"
@@ -48,6 +51,7 @@ optimizer_impl = ["default", "fused"]
     base = trials[0].user_attrs["knobs"]
     # the baseline is the script's own TrainingArguments: --batch-size 16, the Trainer's fused AdamW
     assert base["batch_size"]["value"] == 16 and base["optimizer_impl"]["value"] == "fused"
+    assert base["group_by_length"] == {"value": True, "applied": True}  # the Trainer's LengthGroupedSampler
     assert trials[0].user_attrs["applied"]["autocast_dtype"] is None
 
     knobtune("export", "hf-example", "-o", "best.json", cwd=tmp_path, check=0)
@@ -60,7 +64,7 @@ optimizer_impl = ["default", "fused"]
     assert f"per_device_train_batch_size={best['knobs']['batch_size']}," in snippet.stdout
     assert proc.returncode == 0, proc.stderr
     stats = printed_json(proc, "knobtune stats: ")
-    for knob in ("batch_size", "num_workers", "amp", "optimizer_impl", "accumulation_steps"):
+    for knob in ("batch_size", "num_workers", "amp", "optimizer_impl", "accumulation_steps", "group_by_length"):
         assert stats["knobs"][knob] == best["knobs"][knob], knob
     assert stats["samples"] > 0 and stats["intervals"] >= 1
 

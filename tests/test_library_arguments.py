@@ -47,9 +47,19 @@ def test_hf_settings_read_a_scripts_own_arguments_as_the_baseline():
            "dataloader_pin_memory": True, "tf32": None}
     cpu = libraries.hf_settings(own, cuda=False)
     assert cpu == {"batch_size": 16, "accumulation_steps": 4, "num_workers": 2, "amp": "bf16", "compile": "default",
-                   "optimizer_impl": "fused", "prefetch_factor": 2, "persistent_workers": True,
-                   "dataloader_in_order": True}
+                   "optimizer_impl": "fused", "group_by_length": False, "prefetch_factor": 2,
+                   "persistent_workers": True, "dataloader_in_order": True}
     assert libraries.hf_settings(own, cuda=True)["pin_memory"] is True
+    grouped = {**own, "train_sampling_strategy": "group_by_length"}
+    assert libraries.hf_settings(grouped, cuda=False)["group_by_length"] is True
+    on, _ = libraries.hf_fields({**DEFAULTS, "group_by_length": True}, {"group_by_length"}, cuda=False,
+                                optim="adamw_torch")
+    off, _ = libraries.hf_fields({**DEFAULTS, "group_by_length": False}, {"group_by_length"}, cuda=False,
+                                 optim="adamw_torch", sampling="group_by_length")
+    kept, _ = libraries.hf_fields({**DEFAULTS, "group_by_length": False}, {"group_by_length"}, cuda=False,
+                                  optim="adamw_torch", sampling="sequential")
+    assert on == {"train_sampling_strategy": "group_by_length"} and off == {"train_sampling_strategy": "random"}
+    assert kept == {}  # the script's own sequential order stays
 
 
 def test_lightning_arguments_both_ways():

@@ -31,10 +31,21 @@ def test_cuda_only_knobs_are_not_offered_on_cpu_and_say_why():
 
 def test_cuda_offers_everything():
     offer = SPACE.offer(CUDA, {}, {})
-    assert not offer.unavailable
+    assert set(offer.unavailable) == {"group_by_length"}  # a built-in workload has no Trainer to group batches
     assert offer.choices["amp"] == ["off", "bf16", "fp16"]
     assert offer.choices["compile"] == ["off", "default", "reduce-overhead", "max-autotune"]
     assert offer.choices["num_workers"] == [0, 1, 2, 4, 8, 16]
+
+
+def test_group_by_length_is_offered_to_a_trainer_whose_samples_differ_in_length():
+    def offer(**workload):
+        return SPACE.offer({"hardware": CPU["hardware"], "workload": {**CPU["workload"], **workload}}, {}, {})
+
+    grouped = offer(integration="transformers.Trainer", variable_lengths=True)
+    assert grouped.choices["group_by_length"] == [False, True] and "group_by_length" not in grouped.unavailable
+    same = offer(integration="transformers.Trainer", variable_lengths=False)
+    assert "same length" in same.unavailable["group_by_length"]
+    assert "Trainer" in offer(integration="lightning.Trainer", variable_lengths=True).unavailable["group_by_length"]
 
 
 def test_no_bf16_device_drops_bf16():

@@ -53,7 +53,8 @@ def settings(args: TrainingArguments, device: torch.device) -> dict[str, Any]:
     """The knobs as the script's own ``TrainingArguments`` set them (the baseline's values)."""
     names = ("per_device_train_batch_size", "gradient_accumulation_steps", "dataloader_num_workers",
              "dataloader_prefetch_factor", "dataloader_persistent_workers", "dataloader_in_order",
-             "dataloader_pin_memory", "bf16", "fp16", "torch_compile", "torch_compile_mode", "tf32")
+             "dataloader_pin_memory", "bf16", "fp16", "torch_compile", "torch_compile_mode", "tf32",
+             "train_sampling_strategy")
     return libraries.hf_settings({**{n: getattr(args, n, None) for n in names}, "optim": _optim(args)},
                                  cuda=device.type == "cuda")
 
@@ -65,7 +66,8 @@ def arguments(kt: Tuned, args: TrainingArguments) -> TrainingArguments:
                             f"{type(args).__name__}")
     kt.used.add("training_arguments")
     try:
-        changes, skipped = libraries.hf_fields(kt.knobs, kt.explicit, cuda=kt.device.type == "cuda", optim=_optim(args))
+        changes, skipped = libraries.hf_fields(kt.knobs, kt.explicit, cuda=kt.device.type == "cuda", optim=_optim(args),
+                                               sampling=str(args.train_sampling_strategy))
     except ValueError as exc:
         raise InvalidKnobs(str(exc)) from None
     kt.also_not_exercised.update(skipped)
@@ -117,6 +119,15 @@ def attach(kt: Tuned, trainer: Trainer) -> Trainer:
     return trainer
 
 
+def lengths_vary(dataset: Any, looked_at: int = 64) -> bool:
+    """Whether the first ``looked_at`` samples' inputs differ in length (what group_by_length groups)."""
+    try:
+        lengths = {len(dataset[i]["input_ids"]) for i in range(min(looked_at, len(dataset)))}
+    except (TypeError, KeyError, IndexError):  # not a sized dataset of dicts with input_ids
+        return False
+    return len(lengths) > 1
+
+
 class Callback(TrainerCallback):
     """knobtune's side of a ``Trainer``: its events handed to the shared library loop."""
 
@@ -131,6 +142,7 @@ class Callback(TrainerCallback):
         trainer = self.trainer
         self.accumulation = int(args.gradient_accumulation_steps)
         loader = train_dataloader if train_dataloader is not None else trainer.get_train_dataloader()
+        self.kt.variable_lengths = lengths_vary(trainer.train_dataset)
         self.loop.begin(trainer.accelerator.unwrap_model(trainer.model_wrapped, keep_torch_compile=False),
                         trainer.model_wrapped, getattr(optimizer, "optimizer", optimizer), loader, self.accumulation,
                         trainer.accelerator.mixed_precision, self.applied, per_call=self.accumulation,

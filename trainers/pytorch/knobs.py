@@ -385,5 +385,7 @@ HANDLERS = Handlers(SPACE, {
     "matmul_precision": Handling(apply=_set_matmul_precision, read=_matmul_precision_used),
     "optimizer_impl": Handling(read=lambda t: UNREAD if t.optimizer is None else impl_used(t.optimizer)),
     "dataloader_in_order": Handling(read=_in_order_used),
+    "group_by_length": Handling(read=lambda t: UNREAD if t.loader is None
+                                else bool(getattr(t.loader, "grouped_by_length", False))),
     "expandable_segments": Handling(environ=_set_allocator, read=_expandable_segments_used),
 })

@@ -95,10 +95,23 @@ class LoaderView:
         self.prefetch_factor = getattr(base, "prefetch_factor", None)
         self.persistent_workers = bool(getattr(base, "persistent_workers", False))
         self.in_order = bool(getattr(base, "in_order", True))
+        self.grouped_by_length = _samplers_include(base, "LengthGroupedSampler")
 
     @classmethod
     def of(cls, loader: Any) -> "LoaderView":
         return loader if isinstance(loader, cls) else cls(loader)
+
+
+def _samplers_include(loader: Any, name: str) -> bool:
+    """Whether a sampler of class ``name`` orders ``loader`` (its sampler, its batch sampler's,
+    through the wrappers a library adds)."""
+    seen = [getattr(loader, "sampler", None), getattr(loader, "batch_sampler", None)]
+    for _ in range(4):
+        if any(type(s).__name__ == name for s in seen):
+            return True
+        seen = [inner for s in seen for inner in (getattr(s, "sampler", None), getattr(s, "batch_sampler", None))
+                if inner is not None]
+    return False
 
 
 class AutocastSeen:

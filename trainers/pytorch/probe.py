@@ -56,6 +56,7 @@ def describe_script(request: Request) -> dict[str, Any]:
         "settings": settings,
         "calls": sorted(kt.used),
         "integration": kt.integration,
+        "variable_lengths": kt.variable_lengths,
         **optimizer_impls(kt.prepared[0] if kt.prepared else None, kt.device),
     }
 

@@ -56,6 +56,8 @@ class Tuned(TunedBase):
         "prepare_optimizer": (("optimizer_impl",), "the script never passes its optimizer to "
                                                    "kt.prepare(model, optimizer)"),
         "autocast": (("amp",), "the script never enters kt.autocast()"),
+        "training_arguments": (("group_by_length",), "the script builds no Hugging Face TrainingArguments with "
+                                                     "kt.training_arguments(...)"),
     }
     START_HINT = "does it iterate kt.batches(...)?"
     DRIVERS = DRIVERS
@@ -101,6 +103,7 @@ class Tuned(TunedBase):
         self.observed_autocast: Any = None
         self.library: Callable[[], dict[str, Any]] | None = None
         self.integration: str | None = None  # the library whose loop trains ("transformers.Trainer")
+        self.variable_lengths = False  # its training samples' lengths differ (the probe says so)
 
     # ----------------------------------------------------------------- loading
 
