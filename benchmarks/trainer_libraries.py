@@ -1,18 +1,21 @@
-"""The trainer libraries (Hugging Face ``Trainer``, Lightning) tuned by knobtune: what knobtune's
-callback costs their loop, and what tuning buys over the script's own settings.
+"""The trainers people already use (Hugging Face ``Trainer``, Lightning, a hand-written TensorFlow
+step) tuned by knobtune: what knobtune's hooks cost their loop, and what tuning buys over the
+script's own settings.
 
-1. **The callback's cost** (always): the example's job (studies/hf_causal_lm.py's two-layer GPT-2,
-   studies/lightning_digits.py's MLP) trained by the library as the user wrote it, and through
-   ``kt.training_arguments`` + ``kt.trainer`` / ``kt.lightning_trainer`` without a config (the same
-   arguments, plus knobtune's callback: the guard's device op and the watchdog's clock read per
-   step), in one process, alternating rounds (who goes first alternates too). A round times the
-   steps after a warm-up with the same timing callback in both; the figure is the median over
+1. **The hooks' cost** (always): the example's job (studies/hf_causal_lm.py's two-layer GPT-2,
+   studies/lightning_digits.py's MLP, studies/own_step_tensorflow.py's MLP and GradientTape step)
+   trained as the user wrote it, and through knobtune's lines without a config
+   (``kt.training_arguments`` + ``kt.trainer``; ``kt.lightning_trainer``; ``kt.optimizer`` +
+   ``@kt.step`` + ``kt.batches``: the same settings, plus the guard's device op and the watchdog's
+   clock read per step), alternating rounds in one process per library (who goes first
+   alternates too). A round times the steps after a warm-up; the figure is the median over
    rounds of rate(with knobtune) / rate(without). Target: >= 0.98.
 2. **Tuned over the script's own settings** (``--tuned``): ``knobtune run`` on the example's study
    (confirmation on), and the confirmed median of per-round paired ratios of the winner over the
    baseline, as the export states it. Minutes per library.
 
-    .venv/bin/python benchmarks/trainer_libraries.py [--rounds 12] [--steps 60] [--tuned] [--only hf|lightning]
+    .venv/bin/python benchmarks/trainer_libraries.py [--rounds 12] [--steps 60] [--tuned]
+                                                     [--only hf|lightning|tf-step]
 """
 from __future__ import annotations
 
@@ -127,6 +130,52 @@ def lightning_round(steps: int) -> tuple[Callable[[], float], Callable[[], float
     return (lambda: run(False)), (lambda: run(True))
 
 
+def tf_step_round(steps: int) -> tuple[Callable[[], float], Callable[[], float]]:
+    import keras
+    import numpy as np
+    import tensorflow as tf
+
+    import own_step_tensorflow as job
+    from knobtune.tensorflow import Tuned
+
+    batch = 64
+    rng = np.random.default_rng(0)
+    images = rng.random((batch * (WARMUP_STEPS + steps), 28, 28, 1), dtype=np.float32)
+    labels = rng.integers(0, 10, len(images))
+    data = tf.data.Dataset.from_tensor_slices((images, labels)).batch(batch, drop_remainder=True).cache()
+    for _ in data:  # the cache filled before any round
+        pass
+    loss_fn = keras.losses.SparseCategoricalCrossentropy(from_logits=True)
+
+    def run(wrapped: bool) -> float:
+        keras.utils.set_random_seed(0)
+        model = job.build_model()
+        kt = Tuned.load() if wrapped else None
+        optimizer = keras.optimizers.Adam(1e-3)
+        if kt is not None:
+            optimizer = kt.optimizer(model, optimizer)
+        else:
+            optimizer.build(model.trainable_variables)
+
+        def train_step(inputs: tf.Tensor, targets: tf.Tensor) -> tf.Tensor:
+            with tf.GradientTape() as tape:
+                loss = loss_fn(targets, model(inputs, training=True))
+                scaled = optimizer.scale_loss(loss)
+            gradients = tape.gradient(scaled, model.trainable_variables)
+            optimizer.apply_gradients(zip(gradients, model.trainable_variables))
+            return loss
+
+        step = kt.step(train_step) if kt is not None else tf.function(train_step)
+        clock = Clock(batch)
+        for inputs, targets in (kt.batches(data) if kt is not None else data):
+            loss = step(inputs, targets)
+            float(loss)  # (the same sync in both: a step's end)
+            clock.tick()
+        return clock.rate()
+
+    return (lambda: run(False)), (lambda: run(True))
+
+
 def cost(name: str, make: Callable[[int], tuple[Callable[[], float], Callable[[], float]]], rounds: int,
          steps: int) -> None:
     without, with_kt = make(steps)
@@ -139,7 +188,7 @@ def cost(name: str, make: Callable[[int], tuple[Callable[[], float], Callable[[]
         rates["with"].append(got["with"])
         ratios.append(got["with"] / got["without"])
     q = statistics.quantiles(ratios, n=4)
-    print(f"{name}: callback cost over {rounds} paired rounds of {steps} steps: with/without = "
+    print(f"{name}: hooks' cost over {rounds} paired rounds of {steps} steps: with/without = "
           f"{statistics.median(ratios):.3f} (quartiles {q[0]:.3f}-{q[2]:.3f}); medians "
           f"{statistics.median(rates['with']):.0f} vs {statistics.median(rates['without']):.0f} samples/s "
           f"(target >= 0.98)", flush=True)
@@ -165,6 +214,11 @@ def tuned(study: str, trials: int) -> None:
               f"{found.get('range')}); knobs {json.dumps(changed)}", flush=True)
 
 
+LIBRARIES = {"hf": ("Hugging Face Trainer", hf_round, "hf-causal-lm"),
+             "lightning": ("Lightning", lightning_round, "lightning-digits"),
+             "tf-step": ("TensorFlow @kt.step", tf_step_round, "own-step-tensorflow")}
+
+
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--rounds", type=int, default=12, help="paired rounds for the callback's cost (default 12)")
@@ -172,25 +226,29 @@ def main() -> int:
     parser.add_argument("--tuned", action="store_true", help="also tune each example (minutes) and report the "
                                                              "confirmed speedup over the script's own settings")
     parser.add_argument("--trials", type=int, default=12, help="trials per tuned study (default 12)")
-    parser.add_argument("--only", choices=("hf", "lightning"), help="one library")
+    parser.add_argument("--only", choices=tuple(LIBRARIES), help="one library")
+    parser.add_argument("--cost-only", action="store_true", help=argparse.SUPPRESS)  # (one library's process)
     args = parser.parse_args()
     os.environ.pop("KNOBTUNE_CONFIG", None)
     os.environ.setdefault("KNOBTUNE_WATCHDOG_S", "30")
+    os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
     import logging
     import warnings
 
     warnings.filterwarnings("ignore")
-    for quiet in ("lightning.pytorch", "lightning.fabric", "transformers", "knobtune"):
+    for quiet in ("lightning.pytorch", "lightning.fabric", "transformers", "knobtune", "tensorflow"):
         logging.getLogger(quiet).setLevel(logging.ERROR)
-    libraries = {"hf": ("Hugging Face Trainer", hf_round, "hf-causal-lm"),
-                 "lightning": ("Lightning", lightning_round, "lightning-digits")}
-    for key, (name, make, study) in libraries.items():
-        if args.only in (None, key):
-            cost(name, make, args.rounds, args.steps)
+    chosen = [key for key in LIBRARIES if args.only in (None, key)]
+    if args.cost_only:
+        name, make, _ = LIBRARIES[args.only]
+        cost(name, make, args.rounds, args.steps)
+        return 0
+    for key in chosen:  # each library in a process of its own: torch and TensorFlow never share one
+        subprocess.run([sys.executable, __file__, "--only", key, "--cost-only", "--rounds", str(args.rounds),
+                        "--steps", str(args.steps)], check=True)
     if args.tuned:
-        for key, (_, _, study) in libraries.items():
-            if args.only in (None, key):
-                tuned(study, args.trials)
+        for key in chosen:
+            tuned(LIBRARIES[key][2], args.trials)
     return 0
 
 

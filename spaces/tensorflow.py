@@ -213,9 +213,10 @@ KNOBS = (
 )
 
 
-def script(shown: Shown) -> str:
-    """The export snippet: a tf.data pipeline and model.fit with the shown knobs' lines in their
-    places (the parallelism knobs and deterministic shape the pipeline's calls)."""
+def _pipeline(shown: Shown) -> tuple[Lines, list[str]]:
+    """The process settings (env, code) and the tf.data pipeline with the shown knobs' lines in
+    their places (the parallelism knobs and deterministic shape the pipeline's calls), up to the
+    optimizer's lines."""
     setup = shown.lines("gpu_thread_mode", "xla_auto_clustering", "intra_op_threads", "tf32", "mixed_precision")
     out = ["import keras", "import tensorflow as tf", "", *setup.code]
     deterministic = bool(shown.knobs.get("deterministic", True))
@@ -236,10 +237,46 @@ def script(shown: Shown) -> str:
             "ds = ds.shuffle(10_000).repeat()",
             f"ds = ds.batch({int(shown.knobs['batch_size'])}, drop_remainder=True)", *shown.lines("prefetch").code,
             "", *shown.lines("accumulation_steps").code, *shown.learning_rate("optimizer.learning_rate = {lr}")]
+    return setup, out
+
+
+def script(shown: Shown) -> str:
+    """The export snippet: a tf.data pipeline and model.fit with the shown knobs' lines in their
+    places."""
+    setup, out = _pipeline(shown)
     jit = bool(shown.value("jit_compile", False))
     spe = int(shown.value("steps_per_execution", 1) or 1)
     out += [f"model.compile(optimizer=optimizer, loss=loss_fn, jit_compile={jit}, steps_per_execution={spe})",
             "model.fit(ds, epochs=epochs, steps_per_epoch=steps_per_epoch)", *shown.lines("loop").code]
+    return shown.source(setup.env, out)
+
+
+STEP = "kt.step"  # the integration of a script's own train step (applied["integration"])
+
+
+def step_script(shown: Shown) -> str:
+    """The export snippet of a script's own train step (``kt.step``): the same pipeline, the
+    optimizer under mixed_float16's loss scaling, the step's ``tf.function`` with the winner's
+    XLA setting, and with steps_per_execution N > 1 N steps pulled inside one call."""
+    setup, out = _pipeline(shown)
+    jit = bool(shown.value("jit_compile", False))
+    spe = int(shown.value("steps_per_execution", 1) or 1)
+    if shown.knobs.get("mixed_precision") == "mixed_float16":
+        out += ["optimizer = keras.optimizers.LossScaleOptimizer(optimizer)  # scale: optimizer.scale_loss(loss)"]
+    out += ["", f"@tf.function(jit_compile={jit})"]
+    if spe > 1:
+        out += ["def train_steps(iterator):  # your step's body, once per batch",
+                f"    for _ in tf.range({spe}):  # steps_per_execution: {spe} steps in one call",
+                "        inputs, labels = next(iterator)",
+                "        loss = step_body(inputs, labels)",
+                "    return loss", "",
+                "iterator = iter(ds)",
+                f"for _ in range(steps_per_epoch // {spe}):",
+                "    loss = train_steps(iterator)"]
+    else:
+        out += ["def train_step(inputs, labels): ...  # your step, unchanged", "",
+                "for inputs, labels in ds.take(steps_per_epoch):",
+                "    loss = train_step(inputs, labels)"]
     return shown.source(setup.env, out)
 
 
@@ -259,4 +296,5 @@ def input_variants(ctx: Context) -> dict[str, dict[str, Any]]:
                              "map_parallel_calls": AUTOTUNE, "prefetch": AUTOTUNE}}
 
 
-SPACE = Space("tensorflow", KNOBS, advice=advice, input_variants=input_variants, script=script)
+SPACE = Space("tensorflow", KNOBS, advice=advice, input_variants=input_variants, script=script,
+              integrations={STEP: step_script})

@@ -74,6 +74,18 @@ def test_tensorflow_snippet_is_valid_python_with_the_knobs():
     assert "jit_compile=True, steps_per_execution=8" in text and "gradient_accumulation_steps = 2" in text
 
 
+@pytest.mark.parametrize("executions", [1, 4])
+def test_a_tensorflow_step_scripts_snippet_is_the_steps_form(executions):
+    knobs = dict(batch_size=64, cycle_length=1, interleave_parallel_calls=0, map_parallel_calls=0, prefetch=0,
+                 deterministic=True, cache=False, jit_compile=True, mixed_precision="mixed_float16",
+                 steps_per_execution=executions, accumulation_steps=1, loop="fit", intra_op_threads=0, tf32=True)
+    text = snippet({**doc("tensorflow", **knobs), "integration": "kt.step"})
+    compile(text, "snippet.py", "exec")
+    assert "model.fit" not in text and "@tf.function(jit_compile=True)" in text
+    assert "LossScaleOptimizer(optimizer)" in text and "set_global_policy('mixed_float16')" in text
+    assert ("for _ in tf.range(4):" in text) == (executions == 4)
+
+
 def test_unknown_framework_is_refused():
     with pytest.raises(ValueError, match="expected 'pytorch' or 'tensorflow'"):
         snippet({"framework": "jax", "knobs": {}})

@@ -22,6 +22,7 @@ from typing import TYPE_CHECKING, Any, Callable, Iterator
 import keras
 import tensorflow as tf
 
+from knobtune.spaces.tensorflow import STEP
 from knobtune.trainers.common import roles
 from knobtune.trainers.common.errors import InvalidKnobs, WorkloadError
 from knobtune.trainers.common.production import log
@@ -423,7 +424,8 @@ class TrialDriver(roles.Measuring, Driver):
             "jit_compile": step.jit_used if step is not None else bool(model.jit_compile),
             "steps_per_execution": schedule.execution_steps,
             "accumulation_steps": schedule.accumulation_steps,
-            "loop": "kt.step" if step is not None else effective.get("loop", "fit"),
+            "loop": STEP if step is not None else effective.get("loop", "fit"),
+            **({"integration": STEP} if step is not None else {}),  # (the export's snippet is the step's)
             "intra_op_threads": tf.config.threading.get_intra_op_parallelism_threads(),
             "learning_rate": K.learning_rate(optimizer),
             "tf32": effective["tf32"],
