@@ -43,8 +43,13 @@ demo-pytorch: install
 demo-tensorflow: install
 	$(KNOBTUNE) run studies/digits-mlp-tensorflow.toml
 
+# The tests run in PYTEST_WORKERS processes (pytest-xdist; each has its own warm servers and data
+# cache): most of a test's time is a child process's, so two workers keep both cores of a 2-core
+# box busy. PYTEST_WORKERS=0 runs them in this one process.
+PYTEST_WORKERS ?= 2
+
 test: install
-	$(PY) -m pytest -q
+	$(PY) -m pytest -q -n $(PYTEST_WORKERS)
 
 test-cuda: install
 	$(PY) -m pytest -q -m cuda
