@@ -15,17 +15,25 @@ pytest.importorskip("transformers")
 HF_SCRIPT = ROOT / "studies" / "hf_causal_lm.py"
 
 
-def test_hf_trainer_example_is_tuned_exported_and_run_in_production(tmp_path: Path):
-    path = study_file(tmp_path, f"""
+def library_study(directory: Path, name: str, script: Path, args: list[str], space: str) -> Path:
+    """A 3-trial study of an example script on tiny bursts, over ``space`` (its [space] lines, and
+    any section after them)."""
+    return study_file(directory, f"""
 [study]
-name = "hf-example"
+name = "{name}"
 framework = "pytorch"
-script = "{HF_SCRIPT}"
-args = ["--epochs", "1"]
+script = "{script}"
+args = {json.dumps(args)}
 trials = 3
 prune_below = 0
 {TINY_BURST}
 [space]
+{space.strip()}
+""")
+
+
+def test_hf_trainer_example_is_tuned_exported_and_run_in_production(tmp_path: Path):
+    path = library_study(tmp_path, "hf-example", HF_SCRIPT, ["--epochs", "1"], """
 batch_size = [16, 32]
 num_workers = [0, 1]
 amp = ["off", "bf16"]
@@ -103,16 +111,7 @@ LIGHTNING_SCRIPT = ROOT / "studies" / "lightning_digits.py"
 
 def test_lightning_example_is_tuned_exported_and_run_in_production(tmp_path: Path):
     pytest.importorskip("lightning")
-    path = study_file(tmp_path, f"""
-[study]
-name = "lightning-example"
-framework = "pytorch"
-script = "{LIGHTNING_SCRIPT}"
-args = ["--epochs", "2"]
-trials = 3
-prune_below = 0
-{TINY_BURST}
-[space]
+    path = library_study(tmp_path, "lightning-example", LIGHTNING_SCRIPT, ["--epochs", "2"], """
 batch_size = [32, 64]
 accumulation_steps = [1, 2]
 amp = ["off", "bf16"]

@@ -45,6 +45,13 @@ amp = ["off", "bf16"]
 """
 
 
+def one_thread(study: str) -> str:
+    """``study`` with its trials on one intra-op thread (a test timing steps against sleeps)."""
+    assert "intra_op_threads = [0]" in study and "[baseline]\n" in study
+    return (study.replace("intra_op_threads = [0]", "intra_op_threads = [1]")
+            .replace("[baseline]\n", "[baseline]\nintra_op_threads = 1\n", 1))
+
+
 def load(tmp: Path, name: str) -> optuna.Study:
     return optuna.load_study(study_name=name, storage=f"sqlite:///{tmp / 'knobtune.db'}")
 
@@ -238,11 +245,14 @@ def test_amortisation_flips_the_choice_for_a_costly_warm_up(tmp_path: Path):
     # (the guard is loose here: on 320 samples the two batch sizes' accuracies differ by chance)
     # batch 32 sleeps 20 ms a step: about half batch 16's steady rate (a tiny step's own cost is
     # ~10 ms here, so 4 ms left them 13 % apart, which a busy machine flipped)
+    # One intra-op thread: with torch's default (one per core) a tiny step beside another busy
+    # process waits on OpenMP's barriers, up to 150 ms a step, which swamps the 20 ms (CI saw it
+    # flip with two test workers); one thread keeps the step a few ms on a busy machine.
     workload = '[guard]\nmax_accuracy_drop = 0.3\n[workload]\nslow = [32]\nstep_cost = 0.02\nwarm = [16]\nwarmup_cost = 6.0'
     for name, job in (("steady", ""), ("short-job", "job_samples = 2000")):
-        path = study_file(tmp_path, body(name, job, workload="kt_test_workloads:paced",
-                                         trials=2, extra=workload)
-                          .replace('amp = ["off", "bf16"]', 'amp = ["off"]'), f"{name}.toml")
+        path = study_file(tmp_path, one_thread(body(name, job, workload="kt_test_workloads:paced",
+                                                    trials=2, extra=workload)
+                                               .replace('amp = ["off", "bf16"]', 'amp = ["off"]')), f"{name}.toml")
         knobtune("run", str(path), *FAST, cwd=tmp_path, check=0)
     steady, short = results.best(load(tmp_path, "steady")), results.best(load(tmp_path, "short-job"))
     assert steady.params["batch_size"] == 16  # fastest steady state, despite its 6 s warm-up
@@ -282,7 +292,9 @@ def test_effective_batch_stays_fixed_and_lr_scales(tmp_path: Path):
     ("kt_test_workloads:heavy", "", "bottleneck: compute"),
 ])
 def test_diagnose_names_the_bottleneck(tmp_path: Path, workload: str, options: str, expected: str):
-    path = study_file(tmp_path, body("diag", workload=workload, extra=options, space="batch_size = [32]"))
+    # (one intra-op thread: see the amortisation test; CI saw a compute ceiling of 212 samples/s
+    # for the tiny MLP with two threads beside another busy process, under the 3 ms-a-sample input)
+    path = study_file(tmp_path, one_thread(body("diag", workload=workload, extra=options, space="batch_size = [32]")))
     proc = knobtune("diagnose", str(path), cwd=tmp_path, check=0)
     assert f"baseline: {expected}" in proc.stdout and "input ceiling" in proc.stdout and "compute ceiling" in proc.stdout
 
