@@ -209,9 +209,10 @@ def tuned(study: str, trials: int) -> None:
         best = json.loads((Path(work) / "best.json").read_text())
         found = best.get("speedup") or {}
         changed = {k: v for k, v in best["knobs"].items()}
+        spread = "-".join(f"{r:.2f}x" for r in found.get("range") or [])
         print(f"{study}: {trials} trials in {time.perf_counter() - started:.0f} s; winner trial #{best['trial']}: "
-              f"{found.get('value') or 0:.2f}x the script's own settings ({found.get('figure')}, range "
-              f"{found.get('range')}); knobs {json.dumps(changed)}", flush=True)
+              f"{found.get('value') or 0:.2f}x the script's own settings ({found.get('figure')}, range {spread}); "
+              f"knobs {json.dumps(changed)}", flush=True)
 
 
 LIBRARIES = {"hf": ("Hugging Face Trainer", hf_round, "hf-causal-lm", 60),
