@@ -29,6 +29,7 @@ from knobtune.trainers.common import roles
 from knobtune.trainers.common.errors import InvalidKnobs, WorkloadError
 from knobtune.trainers.common.protocol import make_schedule
 from knobtune.trainers.pytorch.libraries import LibraryLoop
+from knobtune.trainers.pytorch.roles import ProbeDriver
 
 try:
     from transformers import TrainerCallback, TrainingArguments
@@ -142,7 +143,8 @@ class Callback(TrainerCallback):
         trainer = self.trainer
         self.accumulation = int(args.gradient_accumulation_steps)
         loader = train_dataloader if train_dataloader is not None else trainer.get_train_dataloader()
-        self.kt.variable_lengths = lengths_vary(trainer.train_dataset)
+        if isinstance(self.kt.driver, ProbeDriver):  # only the probe asks (it reads up to 64 samples)
+            self.kt.variable_lengths = lengths_vary(trainer.train_dataset)
         self.loop.begin(trainer.accelerator.unwrap_model(trainer.model_wrapped, keep_torch_compile=False),
                         trainer.model_wrapped, getattr(optimizer, "optimizer", optimizer), loader, self.accumulation,
                         trainer.accelerator.mixed_precision, self.applied, per_call=self.accumulation,
