@@ -84,6 +84,7 @@ class Tuned(TunedBase):
         self.made: dict[int, tuple[Any, dict[str, Any], bool, dict[str, Any]]] = {}
         self.models: list[tuple[torch.nn.Module, torch.nn.Module]] = []  # (model, module trained with)
         self.optimizers: list[torch.optim.Optimizer] = []
+        self._stepped: torch.optim.Optimizer | None = None  # the optimizer of the last kt.backward
         self.prepared: list[torch.optim.Optimizer] = []  # the optimizers kt.prepare returned
         self.fused_for_scaler = False
         self.mark_step = False
@@ -215,7 +216,7 @@ class Tuned(TunedBase):
         """Backward (loss-scaled under fp16, divided by accumulation_steps), the NaN guard's one
         device op, and the optimizer step and zero_grad once per accumulation_steps micro-batches."""
         self.used.add("backward")
-        if not any(o is optimizer for o in self.optimizers):
+        if optimizer is not self._stepped and not any(o is optimizer for o in self.optimizers):
             self.optimizers.append(optimizer)
             if self.lr_scale != 1.0:  # the learning rate the winner was measured with (lr_scaling)
                 for group in optimizer.param_groups:
@@ -226,6 +227,7 @@ class Tuned(TunedBase):
                     log.warning(f"lr_scale {self.lr_scale:.4g}: a learning-rate scheduler created before the "
                                 f"first kt.backward keeps its own base learning rates; create it after, or scale "
                                 f"them yourself")
+        self._stepped = optimizer  # (the same optimizer step after step: one identity check)
         i, k = self.step_index, self.accumulation
         if self.guarded and self.guard is not None:
             self.guard.record(i, loss)
@@ -276,6 +278,8 @@ class Tuned(TunedBase):
         return self.driver.loader(dataset, arguments, loader_args, shuffle)
 
     def _on_device(self, batch: Any, loader: Any) -> Any:
+        if self.device.type == "cpu" and not torch.cuda.is_initialized() and not self.knobs["channels_last"]:
+            return batch  # a loader's batch is on the CPU already: no tensor can be elsewhere
         non_blocking = bool(getattr(loader, "pin_memory", False)) and self.device.type == "cuda"
         batch = to_device(batch, self.device, non_blocking)
         if self.knobs["channels_last"] and "prepare" in self.used:
