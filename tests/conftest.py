@@ -155,6 +155,20 @@ def at_once(*calls: Callable[[], T]) -> list[T]:
         return [f.result() for f in [pool.submit(call) for call in calls]]
 
 
+def exported_and_run(directory: Path, study: str, script: Path, *args: str
+                     ) -> tuple[dict, subprocess.CompletedProcess, subprocess.CompletedProcess]:
+    """The study's winner exported to ``best.json``; then, at once, its ``--format snippet`` and the
+    script run in production with it (the watchdog judging every 0.05 s). The export, the
+    snippet's process and the production run's."""
+    knobtune("export", study, "-o", "best.json", cwd=directory, check=0)
+    best = json.loads((directory / "best.json").read_text())
+    snippet, proc = at_once(
+        lambda: knobtune("export", study, "--format", "snippet", cwd=directory, check=0),
+        lambda: run_script(script, *args, config=directory / "best.json", cwd=directory,
+                           extra_env={"KNOBTUNE_WATCHDOG_S": "0.05"}))
+    return best, snippet, proc
+
+
 def printed_json(proc: subprocess.CompletedProcess, prefix: str) -> dict:
     """The JSON a script printed last on a line starting with ``prefix``."""
     line = [ln for ln in proc.stdout.splitlines() if ln.startswith(prefix)][-1]

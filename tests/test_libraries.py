@@ -8,7 +8,7 @@ from pathlib import Path
 
 import pytest
 
-from conftest import FAST, ROOT, TINY_BURST, at_once, knobtune, printed_json, run_script, stored, study_file
+from conftest import FAST, ROOT, TINY_BURST, exported_and_run, knobtune, printed_json, stored, study_file
 
 pytest.importorskip("transformers")
 
@@ -62,13 +62,8 @@ group_by_length = true   # (the script's samples differ in length: the knob is o
     assert base["group_by_length"] == {"value": True, "applied": True}  # the Trainer's LengthGroupedSampler
     assert trials[0].user_attrs["applied"]["autocast_dtype"] is None
 
-    knobtune("export", "hf-example", "-o", "best.json", cwd=tmp_path, check=0)
-    best = json.loads((tmp_path / "best.json").read_text())
+    best, snippet, proc = exported_and_run(tmp_path, "hf-example", HF_SCRIPT, "--epochs", "0.3")
     assert best["integration"] == "transformers.Trainer"
-    snippet, proc = at_once(
-        lambda: knobtune("export", "hf-example", "--format", "snippet", cwd=tmp_path, check=0),
-        lambda: run_script(HF_SCRIPT, "--epochs", "0.3", config=tmp_path / "best.json", cwd=tmp_path,
-                           extra_env={"KNOBTUNE_WATCHDOG_S": "0.05"}))
     assert f"per_device_train_batch_size={best['knobs']['batch_size']}," in snippet.stdout
     assert proc.returncode == 0, proc.stderr
     stats = printed_json(proc, "knobtune stats: ")
@@ -135,13 +130,8 @@ optimizer_impl = ["default", "foreach"]
         assert 0.1 < trial.user_attrs["val_accuracy"] <= 1
     assert trials[0].user_attrs["knobs"]["batch_size"]["value"] == 64  # the script's own --batch-size
 
-    knobtune("export", "lightning-example", "-o", "best.json", cwd=tmp_path, check=0)
-    best = json.loads((tmp_path / "best.json").read_text())
+    best, snippet, proc = exported_and_run(tmp_path, "lightning-example", LIGHTNING_SCRIPT, "--epochs", "2")
     assert best["integration"] == "lightning.Trainer"
-    snippet, proc = at_once(
-        lambda: knobtune("export", "lightning-example", "--format", "snippet", cwd=tmp_path, check=0),
-        lambda: run_script(LIGHTNING_SCRIPT, "--epochs", "2", config=tmp_path / "best.json", cwd=tmp_path,
-                           extra_env={"KNOBTUNE_WATCHDOG_S": "0.05"}))
     assert "trainer = L.Trainer(" in snippet.stdout and f"batch_size={best['knobs']['batch_size']}" in snippet.stdout
     assert proc.returncode == 0, proc.stderr
     assert "val_accuracy" in proc.stdout

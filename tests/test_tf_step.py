@@ -10,7 +10,7 @@ from pathlib import Path
 
 import pytest
 
-from conftest import FAST, ROOT, TINY_BURST, WORKLOADS, at_once, knobtune, printed_json, run_script, stored, study_file
+from conftest import FAST, ROOT, TINY_BURST, WORKLOADS, exported_and_run, knobtune, printed_json, stored, study_file
 
 pytestmark = pytest.mark.tensorflow
 EXAMPLE = ROOT / "studies" / "own_step_tensorflow.py"
@@ -63,13 +63,8 @@ def test_own_step_example_tuned_exported_and_run_in_production(tmp_path: Path):
         assert knobs["loop"]["applied"] is False and "kt.step" in knobs["loop"]["why"]
     assert trials[0].user_attrs["knobs"]["steps_per_execution"]["value"] == 2
     # export, then production with it (several steps per call: the pass ends at the first short execution)
-    knobtune("export", "own-step", "-o", "best.json", cwd=tmp_path, check=0)
-    best = json.loads((tmp_path / "best.json").read_text())
+    best, snippet, proc = exported_and_run(tmp_path, "own-step", EXAMPLE, "--epochs", "2")
     assert best["integration"] == "kt.step"
-    snippet, proc = at_once(
-        lambda: knobtune("export", "own-step", "--format", "snippet", cwd=tmp_path, check=0),
-        lambda: run_script(EXAMPLE, "--epochs", "2", config=tmp_path / "best.json", cwd=tmp_path,
-                           extra_env={"KNOBTUNE_WATCHDOG_S": "0.05"}))
     # the step's form, not model.fit's: the winner's XLA setting and its two steps per call
     assert f"@tf.function(jit_compile={best['knobs']['jit_compile']})" in snippet.stdout
     assert "for _ in tf.range(2):" in snippet.stdout and "model.fit" not in snippet.stdout

@@ -29,7 +29,7 @@ import sys
 import time
 import traceback
 from dataclasses import dataclass
-from typing import Callable
+from typing import Callable, Iterable
 
 from knobtune.trainers.common.forkserver import PR_SET_PDEATHSIG, _prctl
 
@@ -77,8 +77,8 @@ class GroupEnd:
         return None
 
 
-def _listed(ranks: object) -> str:
-    return ", ".join(str(r) for r in ranks)  # type: ignore[attr-defined]
+def _listed(ranks: Iterable[int]) -> str:
+    return ", ".join(str(r) for r in ranks)
 
 
 def rank_environment(rank: int, nproc: int, port: int) -> dict[str, str]:

@@ -84,7 +84,6 @@ class Tuned(TunedBase):
         self.made: dict[int, tuple[Any, dict[str, Any], bool, dict[str, Any]]] = {}
         self.models: list[tuple[torch.nn.Module, torch.nn.Module]] = []  # (model, module trained with)
         self.optimizers: list[torch.optim.Optimizer] = []
-        self._stepped: torch.optim.Optimizer | None = None  # the optimizer of the last kt.backward
         self.prepared: list[torch.optim.Optimizer] = []  # the optimizers kt.prepare returned
         self.fused_for_scaler = False
         self.mark_step = False
@@ -216,7 +215,8 @@ class Tuned(TunedBase):
         """Backward (loss-scaled under fp16, divided by accumulation_steps), the NaN guard's one
         device op, and the optimizer step and zero_grad once per accumulation_steps micro-batches."""
         self.used.add("backward")
-        if optimizer is not self._stepped and not any(o is optimizer for o in self.optimizers):
+        known = self.optimizers  # (the step before's, as a rule: one identity check, else the list searched)
+        if not (known and optimizer is known[-1]) and not any(o is optimizer for o in known):
             self.optimizers.append(optimizer)
             if self.lr_scale != 1.0:  # the learning rate the winner was measured with (lr_scaling)
                 for group in optimizer.param_groups:
@@ -227,7 +227,6 @@ class Tuned(TunedBase):
                     log.warning(f"lr_scale {self.lr_scale:.4g}: a learning-rate scheduler created before the "
                                 f"first kt.backward keeps its own base learning rates; create it after, or scale "
                                 f"them yourself")
-        self._stepped = optimizer  # (the same optimizer step after step: one identity check)
         i, k = self.step_index, self.accumulation
         if self.guarded and self.guard is not None:
             self.guard.record(i, loss)
@@ -316,7 +315,8 @@ class Tuned(TunedBase):
         """Every knob as the framework objects report it (read back, not echoed from the request)."""
         loader = self.trial.data if self.trial and self.trial.data is not None else self.last_loader
         optimizer = self.optimizers[0] if self.optimizers else (self.prepared[-1] if self.prepared else None)
-        trained = K.Trained(self.device, self.knobs, loader=loader if isinstance(loader, (DataLoader, LoaderView)) else None,
+        seen = loader if isinstance(loader, (DataLoader, LoaderView)) else None
+        trained = K.Trained(self.device, self.knobs, loader=seen,
                           models=tuple(m for m, _ in self.models), optimizer=optimizer,
                           autocast=self.observed_autocast if self.observed_autocast is not None else self._autocast,
                           compile_report=self.compile_report(), accumulation=self.accumulation)
