@@ -113,6 +113,52 @@ def _no_lengths(ctx: Context) -> str | None:
     return None if workload.get("variable_lengths") else "the training samples all have the same length"
 
 
+def _group(ctx: Context) -> Mapping[str, Any]:
+    """The probe's word on a data-parallel study (``[study] nproc`` > 1): its backend and the
+    communication hooks that backend accepts; empty for a one-process study."""
+    return ctx.get("workload", {}).get("distributed") or {}
+
+
+def _no_group(ctx: Context) -> str | None:
+    return None if _group(ctx) else "a one-process trial has no DistributedDataParallel ([study] nproc = 1)"
+
+
+def _no_buffers(ctx: Context) -> str | None:
+    return _no_group(ctx) or (None if ctx.get("workload", {}).get("buffers", 1) else "the model has no buffers")
+
+
+def _comm_hooks(ctx: Context) -> list[str]:
+    return list(_group(ctx).get("comm_hooks") or ["none"])
+
+
+def _comm_hook_value(value: Any, ctx: Context) -> str | None:
+    return None if value in _comm_hooks(ctx) else (
+        f"the {_group(ctx).get('backend', 'process group')} backend here does not take the {value} compression hook")
+
+
+DDP_KNOBS = ("ddp_bucket_cap_mb", "ddp_gradient_as_bucket_view", "ddp_static_graph", "ddp_broadcast_buffers",
+             "ddp_comm_hook")
+
+
+def _ddp_lines(shown: Shown) -> list[str]:
+    """The DistributedDataParallel line of a data-parallel export (none for a one-process study)."""
+    if not any(shown.on(name) for name in DDP_KNOBS):
+        return []
+    args = ["device_ids=[local_rank] if device.type == 'cuda' else None"]
+    for name, argument, default in (("ddp_bucket_cap_mb", "bucket_cap_mb", 25),
+                                    ("ddp_gradient_as_bucket_view", "gradient_as_bucket_view", False),
+                                    ("ddp_static_graph", "static_graph", False),
+                                    ("ddp_broadcast_buffers", "broadcast_buffers", True)):
+        if shown.value(name, default) != default:
+            args.append(f"{argument}={shown.value(name, default)!r}")
+    out = ["model = torch.nn.parallel.DistributedDataParallel(model, " + ", ".join(args) + ")"]
+    hook = shown.value("ddp_comm_hook", "none")
+    if hook != "none":
+        out += ["from torch.distributed.algorithms.ddp_comm_hooks import default_hooks",
+                f"model.register_comm_hook(None, default_hooks.{hook}_compress_hook)"]
+    return out
+
+
 CUDA_GRAPH_MODES = ("reduce-overhead", "max-autotune")
 
 
@@ -252,6 +298,21 @@ KNOBS = (
     Knob("group_by_length", bool, False,
          "Hugging Face Trainer's train_sampling_strategy='group_by_length': batches of similar lengths, less padding",
          choices=lambda ctx: [False, True], unavailable=_no_lengths, applied_by="training_arguments"),
+    # Data-parallel trials ([study] nproc > 1): DistributedDataParallel's settings (kt.prepare).
+    Knob("ddp_bucket_cap_mb", int, 25, "DistributedDataParallel bucket_cap_mb: gradients all-reduced per bucket",
+         choices=lambda ctx: [5, 25, 100], unavailable=_no_group, check=positive, applied_by="prepare"),
+    Knob("ddp_gradient_as_bucket_view", bool, False,
+         "DistributedDataParallel gradient_as_bucket_view: gradients are views into the buckets (no copy)",
+         choices=lambda ctx: [False, True], unavailable=_no_group, applied_by="prepare"),
+    Knob("ddp_static_graph", bool, False,
+         "DistributedDataParallel static_graph: the same parameters are used every step",
+         choices=lambda ctx: [False, True], unavailable=_no_group, applied_by="prepare"),
+    Knob("ddp_broadcast_buffers", bool, True,
+         "DistributedDataParallel broadcast_buffers: rank 0's buffers (batch-norm statistics) sent every forward",
+         choices=lambda ctx: [True, False], unavailable=_no_buffers, applied_by="prepare"),
+    Knob("ddp_comm_hook", str, "none", "gradient compression before the all-reduce: none, fp16 or bf16",
+         choices=_comm_hooks, unavailable=_no_group, value_unavailable=_comm_hook_value,
+         check=one_of("none", "fp16", "bf16"), applied_by="prepare"),
     Knob("expandable_segments", bool, False,
          "CUDA caching allocator expandable_segments (PYTORCH_CUDA_ALLOC_CONF): less fragmentation",
          choices=lambda ctx: [False, True], unavailable=_no_cuda,
@@ -272,7 +333,7 @@ def script(shown: Shown) -> str:
         args += shown.lines("num_workers", "prefetch_factor", "persistent_workers", "dataloader_in_order").code
     args += shown.lines("pin_memory").code
     out += ["", f"train_loader = DataLoader(train_set, {', '.join(args)})", "", "model = model.to(device)",
-            *shown.lines("channels_last", "compile").code, "", *shown.lines("optimizer_impl").code,
+            *shown.lines("channels_last").code, *_ddp_lines(shown), *shown.lines("compile").code, "", *shown.lines("optimizer_impl").code,
             *shown.learning_rate("for group in optimizer.param_groups:\n    group['lr'] = {lr}"),
             *shown.lines("amp").code]
     trained = "model" if shown.value("compile", "off") == "off" else "trained"

@@ -4,6 +4,7 @@ from __future__ import annotations
 import pytest
 
 from knobtune.search.launch.runner import run_child
+from knobtune.spaces.pytorch import DDP_KNOBS
 from knobtune.trainers.common.wire import Burst, Request
 
 from conftest import torch_cuda
@@ -22,13 +23,33 @@ def test_probe_on_cpu_offers_no_cuda_knobs():
 
     offer = for_framework("pytorch").offer({"hardware": hw, "workload": child.result.workload}, {}, {})
     assert set(offer.unavailable) == {"pin_memory", "cudnn_benchmark", "cudnn_deterministic", "matmul_precision",
-                                      "expandable_segments", "group_by_length"}
+                                      "expandable_segments", "group_by_length", *DDP_KNOBS}
     assert "CUDA" in offer.unavailable["expandable_segments"]
     assert "fp16" not in offer.choices["amp"] and "channels_last" in offer.choices
     # the probe stepped the workload's Adam with each implementation on this CPU (torch 2.13 has fused CPU Adam)
     assert child.result.workload["optimizer"] == "Adam"
     assert offer.choices["optimizer_impl"] == ["default", "foreach", "fused"]
     assert offer.choices["dataloader_in_order"] == [True, False]
+
+
+@pytest.mark.skipif(ON_CUDA, reason="checks gloo's gating")
+def test_a_data_parallel_probe_offers_the_ddp_knobs_and_the_hooks_its_backend_takes():
+    child = run_child("pytorch", "probe", Request(workload="digits-resnet", nproc=2), 120)
+    assert child.outcome == "ok", child.failure
+    workload = child.result.workload
+    # tried on a one-rank gloo group: fp16 compression runs, bf16's hook refuses anything but NCCL
+    assert workload["distributed"] == {"nproc": 2, "backend": "gloo", "comm_hooks": ["none", "fp16"]}
+    assert workload["buffers"] > 0  # the ResNet's batch norm
+    from knobtune.spaces import for_framework
+
+    offer = for_framework("pytorch").offer({"hardware": child.result.fingerprint["hardware"], "workload": workload},
+                                           {}, {})
+    assert not set(DDP_KNOBS) & set(offer.unavailable)
+    assert offer.choices["ddp_comm_hook"] == ["none", "fp16"]
+    assert offer.choices["ddp_broadcast_buffers"] == [True, False]
+    mlp = {**workload, "buffers": 0}
+    assert "no buffers" in for_framework("pytorch").offer({"hardware": {}, "workload": mlp}, {}, {}).unavailable[
+        "ddp_broadcast_buffers"]
 
 
 @pytest.mark.skipif(ON_CUDA, reason="checks the CPU-only gating")

@@ -9,6 +9,7 @@ from pathlib import Path
 import pytest
 
 from knobtune.spaces import for_framework
+from knobtune.spaces.pytorch import DDP_KNOBS
 
 ADAM = {"optimizer": "Adam", "optimizer_impls": ["default", "foreach", "fused"]}  # as the probe tried it
 CPU = {"hardware": {"device": "cpu", "cuda": False, "bf16": True, "usable_cores": 2, "loader_in_order": True},
@@ -31,7 +32,9 @@ def test_cuda_only_knobs_are_not_offered_on_cpu_and_say_why():
 
 def test_cuda_offers_everything():
     offer = SPACE.offer(CUDA, {}, {})
-    assert set(offer.unavailable) == {"group_by_length"}  # a built-in workload has no Trainer to group batches
+    # a built-in workload has no Trainer to group batches; one process has no DistributedDataParallel
+    assert set(offer.unavailable) == {"group_by_length", *DDP_KNOBS}
+    assert all("nproc" in offer.unavailable[k] for k in DDP_KNOBS)
     assert offer.choices["amp"] == ["off", "bf16", "fp16"]
     assert offer.choices["compile"] == ["off", "default", "reduce-overhead", "max-autotune"]
     assert offer.choices["num_workers"] == [0, 1, 2, 4, 8, 16]

@@ -12,6 +12,10 @@ from dataclasses import dataclass
 from typing import Any
 
 from knobtune.search.errors import UserError
+from knobtune.trainers.common.hostinfo import physical_groups, rank_shares
+
+__all__ = ["Partition", "group_size", "jobs_count", "machine_cores", "physical_groups", "plan", "rank_shares",
+           "visible_gpus"]
 
 
 @dataclass(frozen=True)
@@ -57,35 +61,29 @@ def visible_gpus(count: int, environ: dict[str, str] | None = None) -> list[str]
     return [str(i) for i in range(count)]
 
 
-def physical_groups(cores: list[int], root: str = "/sys/devices/system/cpu") -> list[tuple[int, ...]]:
-    """``cores`` grouped by physical core: hyperthreads of one core (``thread_siblings_list``)
-    form one group, which a partition takes whole. Without topology information each core is
-    its own group."""
-    allowed, groups, seen = set(cores), [], set()
-    for core in cores:
-        if core in seen:
-            continue
-        try:
-            text = open(f"{root}/cpu{core}/topology/thread_siblings_list").read().strip()
-            siblings = set()
-            for part in text.split(","):
-                low, _, high = part.partition("-")
-                siblings.update(range(int(low), int(high or low) + 1))
-        except (OSError, ValueError):
-            siblings = {core}
-        group = tuple(sorted((siblings & allowed) | {core}))
-        seen.update(group)
-        groups.append(group)
-    return groups
+def group_size(option: int | str, gpus: list[str], groups: list[tuple[int, ...]]) -> int:
+    """``[study] nproc``: ranks per trial, or "auto" (one per visible GPU; 1 on a CPU-only
+    machine). Refused in one line when there are fewer GPUs (or, without GPUs, physical cores) than ranks."""
+    if option == "auto":
+        return max(1, len(gpus))
+    nproc = int(option)
+    if gpus and nproc > len(gpus):
+        raise UserError(f"[study] nproc = {nproc}: this machine shows {len(gpus)} GPU(s) ({', '.join(gpus)}); each "
+                        f"rank needs its own")
+    if not gpus and nproc > len(groups):
+        raise UserError(f"[study] nproc = {nproc}: this machine has no GPU and {len(groups)} usable physical core(s); "
+                        f"each rank needs at least one core")
+    return nproc
 
 
-def jobs_count(option: str | int | None, gpus: list[str], cores: int | None = None) -> int:
-    """``--jobs``: a number, or "auto" (one per GPU, at most one per physical core; 1 on a
-    CPU-only machine); default 1."""
+def jobs_count(option: str | int | None, gpus: list[str], cores: int | None = None, nproc: int = 1) -> int:
+    """``--jobs``: a number, or "auto" (one per ``nproc`` GPUs, at most one per ``nproc``
+    physical cores; 1 on a CPU-only machine); default 1."""
     if option is None:
         return 1
     if str(option).lower() == "auto":
-        return max(1, min(len(gpus), cores) if cores is not None else len(gpus))
+        per_gpus = len(gpus) // nproc
+        return max(1, min(per_gpus, cores // nproc) if cores is not None else per_gpus)
     try:
         jobs = int(option)
     except ValueError:
@@ -95,20 +93,22 @@ def jobs_count(option: str | int | None, gpus: list[str], cores: int | None = No
     return jobs
 
 
-def plan(jobs: int, cores: list[int], gpus: list[str], groups: list[tuple[int, ...]] | None = None) -> list[Partition]:
-    """``jobs`` equal partitions: one GPU each when there are GPUs, and the same number of
-    physical cores each (``groups``: hyperthread siblings stay together, so two trials never
-    share a physical core; cores that do not divide evenly are left unused: unequal shares would
-    not compare)."""
+def plan(jobs: int, cores: list[int], gpus: list[str], groups: list[tuple[int, ...]] | None = None,
+         nproc: int = 1) -> list[Partition]:
+    """``jobs`` equal partitions: ``nproc`` GPUs each when there are GPUs (one per rank of a
+    data-parallel trial), and the same number of physical cores each (``groups``: hyperthread
+    siblings stay together, so two trials never share a physical core; cores that do not divide
+    evenly are left unused: unequal shares would not compare)."""
     groups = groups if groups is not None else [(c,) for c in cores]
-    if gpus and jobs > len(gpus):
-        raise UserError(f"--jobs {jobs}: this machine has {len(gpus)} GPU(s) ({', '.join(gpus)}); at most one trial "
-                        f"per GPU")
-    if jobs > len(groups):
+    if gpus and jobs * nproc > len(gpus):
+        per = f"{nproc} GPUs per trial (nproc = {nproc})" if nproc > 1 else "at most one trial per GPU"
+        raise UserError(f"--jobs {jobs}: this machine has {len(gpus)} GPU(s) ({', '.join(gpus)}); {per}")
+    if jobs * nproc > len(groups):
         what = (f"{len(cores)} usable core(s) ({', '.join(map(str, cores))})" if len(groups) == len(cores) else
                 f"{len(groups)} physical core(s) ({' '.join('+'.join(map(str, g)) for g in groups)}: hyperthreads of "
                 f"one core stay together)")
-        raise UserError(f"--jobs {jobs}: this machine has {what}; each trial needs at least one")
-    share = len(groups) // jobs
-    return [Partition(i, tuple(c for g in groups[i * share:(i + 1) * share] for c in g), gpus[i] if gpus else None)
+        each = f"each trial needs {nproc} (one per rank, nproc = {nproc})" if nproc > 1 else "each trial needs at least one"
+        raise UserError(f"--jobs {jobs}: this machine has {what}; {each}")
+    shares = rank_shares(cores, jobs, groups)
+    return [Partition(i, shares[i], ",".join(gpus[i * nproc:(i + 1) * nproc]) if gpus else None)
             for i in range(jobs)]

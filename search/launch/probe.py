@@ -36,13 +36,14 @@ def require_framework(framework: str) -> None:
 
 
 def probe(framework: str, workload: str | None = None, options: dict[str, Any] | None = None,
-          script: str | None = None, args: tuple[str, ...] = (), placement: Partition | None = None) -> dict[str, Any]:
+          script: str | None = None, args: tuple[str, ...] = (), placement: Partition | None = None,
+          nproc: int = 1) -> dict[str, Any]:
     """Fingerprint (and a description of the workload, or of the script run up to its first
     batch, when one is given) from a child, as its result's JSON; on ``placement``, the
     fingerprint of that partition."""
     require_framework(framework)
     request = Request(workload=workload, workload_options=options or {}, workdir=os.getcwd(), script=script,
-                      args=tuple(args))
+                      args=tuple(args), nproc=nproc)
     child = run_child(framework, "probe", request, PROBE_TIMEOUT_S, placement=placement)
     if child.outcome == "error":
         raise UserError(child.failure or "the workload could not be built")
@@ -53,11 +54,13 @@ def probe(framework: str, workload: str | None = None, options: dict[str, Any] |
     return child.result.to_json()
 
 
-def probe_study(definition: Any, err: Any, placement: Partition | None = None) -> dict[str, Any]:
-    """The probe for a study file's framework and workload (or script), announced on ``err``."""
+def probe_study(definition: Any, err: Any, placement: Partition | None = None, nproc: int = 1) -> dict[str, Any]:
+    """The probe for a study file's framework and workload (or script), announced on ``err``;
+    with ``nproc`` > 1, on one rank's share, and what data-parallel trials can use there."""
     cfg = definition.study
     what = cfg.job if cfg.script else f"workload {cfg.workload!r}"
-    where = f" on partition {placement.index} (cores {','.join(map(str, placement.cores))}" + (
+    share = f"one rank's share of {nproc}" if nproc > 1 else f"partition {placement.index}" if placement else ""
+    where = f" on {share} (cores {','.join(map(str, placement.cores))}" + (
         f", GPU {placement.gpu})" if placement.gpu is not None else ")") if placement is not None else ""
     err.write(f"knobtune: probing {cfg.framework} and {what}{where} ...\n")
-    return probe(cfg.framework, cfg.workload or None, definition.workload, cfg.script, cfg.args, placement)
+    return probe(cfg.framework, cfg.workload or None, definition.workload, cfg.script, cfg.args, placement, nproc)

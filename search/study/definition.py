@@ -37,6 +37,7 @@ class StudySection:
     prune_below: float = 0.5                 # prune a trial whose first windows run under this x best (0: off)
     warm_start: tuple[str, ...] = ()         # earlier studies whose winners and top trials are queued first
     warm_start_top_k: int = 3                # each source's best trials queued after the winners
+    nproc: int | str = 1                     # ranks per trial (data-parallel), or "auto": one per visible GPU
 
     @property
     def job(self) -> str:
@@ -114,6 +115,8 @@ class Definition:
                           "eval_every_samples": study.eval_every_samples, "job_samples": study.job_samples,
                           "lr_scaling": study.lr_scaling},
         }
+        if study.nproc != 1:  # (likewise: one-process studies' keys stay equal)
+            key["nproc"] = study.nproc
         if study.script:  # only script studies have these (older studies' keys stay equal)
             key.update(script=study.script, args=list(study.args))
         return key
@@ -148,6 +151,7 @@ _SECTIONS: dict[str, dict[str, tuple[tuple[type, ...], str]]] = {
         "prune_below": (_NUMBER, "a number between 0 and 1 (0 turns pruning off)"),
         "warm_start": ((list,), "an array of names of earlier studies in the same storage"),
         "warm_start_top_k": ((int,), "an integer >= 0 (each source's best trials queued after the winners)"),
+        "nproc": ((int, str), "an integer >= 1 (ranks per trial, data-parallel) or \"auto\" (one per visible GPU)"),
     },
     "burst": {
         "train_samples": ((int,), "an integer >= 1"),
@@ -257,6 +261,13 @@ def parse(text: str, source: str = "<string>", default_name: str | None = None,
         study["warm_start"] = warm_start_names(study["warm_start"], f"{where}: [study] warm_start")
     _check_range(study.get("warm_start_top_k", 0) >= 0, where, "[study] warm_start_top_k", "an integer >= 0",
                  study.get("warm_start_top_k"))
+
+    nproc = study.get("nproc", 1)
+    _check_range(nproc == "auto" or (isinstance(nproc, int) and nproc >= 1), where, "[study] nproc",
+                 "an integer >= 1 (ranks per trial) or \"auto\" (one per visible GPU)", nproc)
+    if nproc != 1 and objective == "time-to-accuracy":
+        raise UserError(f"{where}: objective = \"time-to-accuracy\" evaluates between windows in one process; a "
+                        f"data-parallel trial (nproc = {nproc!r}) is measured for throughput or pareto")
 
     burst = BurstSection(**_section(raw, "burst", where))
     _check_range(burst.train_samples >= 1, where, "[burst] train_samples", "an integer >= 1", burst.train_samples)

@@ -36,9 +36,12 @@ def ceilings(plan: Plan, params: dict[str, Any]) -> dict[str, Any]:
     if child.outcome != "ok":
         return {"error": f"{child.outcome}: {(child.failure or '').splitlines()[0] if child.failure else ''}"}
     result = child.result
-    limit = "input" if result.input_samples_per_second < result.compute_samples_per_second else "compute"  # type: ignore[operator]
-    return {"input": result.input_samples_per_second, "compute": result.compute_samples_per_second,
-            "input_variants": result.input_variants, "bottleneck": limit}
+    # a data-parallel study's diagnosis runs on one rank alone: its ceilings, times the ranks, are the group's
+    n = plan.nproc
+    inputs, compute = result.input_samples_per_second * n, result.compute_samples_per_second * n  # type: ignore[operator]
+    limit = "input" if inputs < compute else "compute"
+    return {"input": inputs, "compute": compute, "bottleneck": limit, **({"ranks": n} if n > 1 else {}),
+            "input_variants": {k: v * n for k, v in (result.input_variants or {}).items()}}
 
 
 def diagnose_study(study: optuna.Study | None, plan: Plan, baseline_params: dict[str, Any],

@@ -35,6 +35,7 @@ class Plan:
     ctx: Context
     workdir: str
     placement: Partition | None = None  # the partition every child of this plan runs on (None: the whole machine)
+    nproc: int = 1  # ranks per trial ([study] nproc, "auto" resolved on this machine)
 
     def lr_scale(self, knobs: dict[str, Any]) -> float:
         """The learning-rate factor [study] lr_scaling asks for, from the effective batch ratio."""
@@ -65,6 +66,7 @@ class Plan:
             train_records=self.ctx.get("workload", {}).get("train_samples"),
             accuracy_required=d.guard.accuracy,
             target_accuracy=d.study.target_accuracy if d.study.objective == "time-to-accuracy" else None,
+            nproc=self.nproc,
         )
 
 

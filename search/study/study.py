@@ -199,33 +199,55 @@ def refuse_sqlite_worker(url: str) -> None:
             f"machine, knobtune run --jobs N runs several trials at once")
 
 
-def _share(slots: list[Partition | None]) -> dict[str, Any]:
-    """What each trial of the study measured: the whole machine, or one of ``jobs`` equal shares."""
+def _share(slots: list[Partition | None], nproc: int = 1) -> dict[str, Any]:
+    """What each trial of the study measured: the whole machine, or one of ``jobs`` equal shares
+    (a data-parallel trial's share divided again between its ranks)."""
     first = slots[0]
     if first is None:
         return {"jobs": 1, "share": "the whole machine"}
-    return {"jobs": len(slots), "cores_per_trial": len(first.cores), "gpus_per_trial": 1 if first.gpu else 0,
-            "share": f"1/{len(slots)} of the machine: {len(first.cores)} core(s)" + (" and one GPU" if first.gpu else "")}
+    gpus = len(first.gpu.split(",")) if first.gpu else 0
+    jobs = len(slots)
+    out: dict[str, Any] = {"jobs": jobs, "cores_per_trial": len(first.cores), "gpus_per_trial": gpus,
+                           "share": (f"1/{jobs} of the machine: " if jobs > 1 else "the machine: ")
+                           + f"{len(first.cores)} core(s)" + (f" and {gpus} GPU(s)" if gpus else "")}
+    if nproc > 1:
+        per_rank = len(first.cores) // nproc
+        out.update(nproc=nproc, cores_per_rank=per_rank,
+                   share=out["share"] + f", {nproc} ranks of {per_rank} core(s)" + (" and one GPU each" if gpus else ""))
+    return out
 
 
 def _partition(definition: Definition, info: dict[str, Any], jobs_option: str | None,
-               err: TextIO) -> tuple[list[Partition | None], dict[str, Any]]:
-    """The run's slots (``--jobs``) and the probe of one share: what each trial will see."""
+               err: TextIO) -> tuple[list[Partition | None], dict[str, Any], int]:
+    """The run's slots (``--jobs``), the study's ranks per trial (``[study] nproc``), and the probe
+    of what one trial (one rank, for a data-parallel study) will see."""
     gpus = partition.visible_gpus(len(info["fingerprint"].get("gpus") or []))
     cores = partition.machine_cores()
     groups = partition.physical_groups(cores)
-    jobs = partition.jobs_count(jobs_option, gpus, len(groups))
-    if jobs == 1:
-        return [None], info
-    parts = partition.plan(jobs, cores, gpus, groups)
+    nproc = partition.group_size(definition.study.nproc, gpus, groups)
+    if definition.study.nproc == "auto":
+        err.write(f"knobtune: nproc = \"auto\": {nproc} rank(s) per trial"
+                  + (f", one per visible GPU\n" if gpus else " (no GPU here)\n"))
+    jobs = partition.jobs_count(jobs_option, gpus, len(groups), nproc)
+    if jobs == 1 and nproc == 1:
+        return [None], info, 1
+    parts = partition.plan(jobs, cores, gpus, groups, nproc)
     share = len(parts[0].cores)
     unused = len(cores) - share * jobs
-    err.write(f"knobtune: {jobs} trials at once, each pinned to {share} core(s)"
-              + (" and one GPU" if gpus else "") + (f" ({unused} core(s) left unused: the shares must be equal)"
-                                                     if unused else "")
-              + f"; each trial measures 1/{jobs} of this machine, and the winner is exported for that share "
-                f"(what one rank of a data-parallel job gets)\n")
-    return list(parts), probe_study(definition, err, parts[0])
+    if jobs > 1:
+        err.write(f"knobtune: {jobs} trials at once, each pinned to {share} core(s)"
+                  + (f" and {nproc} GPU(s)" if gpus else "") + (f" ({unused} core(s) left unused: the shares must be "
+                                                               f"equal)" if unused else "")
+                  + f"; each trial measures 1/{jobs} of this machine, and the winner is exported for that share"
+                  + (" (what one rank of a data-parallel job gets)\n" if nproc == 1 else "\n"))
+    if nproc == 1:
+        return list(parts), probe_study(definition, err, parts[0]), 1
+    ranks = partition.rank_shares(list(parts[0].cores), nproc)
+    err.write(f"knobtune: {nproc} ranks per trial (data-parallel), each on {len(ranks[0])} core(s)"
+              + (" and one GPU" if gpus else "") + "\n")
+    first_gpu = parts[0].gpu.split(",")[0] if parts[0].gpu else None
+    probed = probe_study(definition, err, Partition(0, ranks[0], first_gpu), nproc)
+    return list(parts), probed, nproc
 
 
 class _StudyRun:
@@ -254,7 +276,7 @@ class _StudyRun:
         with held:
             study, created = load_or_create(self.storage, self.name, self.definition, fingerprint, sampler)
             if created:
-                record.mark_study(study, partition=_share(slots))
+                record.mark_study(study, partition=_share(slots, plan.nproc))
             if not created and shared is None:
                 stale = _fail_stale(study)
                 if stale:
@@ -272,9 +294,9 @@ class _StudyRun:
         artifact_store = artifacts.store(artifacts.prepare(artifact_dir)) if artifact_dir is not None else None
         warm = self._retrying(lambda: warmstart.candidates(self.storage, name, definition))  # (refusals: before the probe)
         info = probe_study(definition, err)
-        slots, info = _partition(definition, info, jobs_option, err)
+        slots, info, nproc = _partition(definition, info, jobs_option, err)
         fingerprint = info["fingerprint"]
-        plan = make_plan(definition, info)
+        plan = replace(make_plan(definition, info), nproc=nproc)
         _notes(plan, err)
         warning = resolution_warning(definition, info["workload"].get("eval_samples"))
         if warning:
@@ -292,7 +314,9 @@ class _StudyRun:
         err.write(
             f"knobtune: study {name!r} on {redact(url)} ({'new' if created else f'{verb}, {done} trials done'}); "
             f"{wl['name']}: {wl['parameters']:,} parameters, {wl['train_samples'] or 'an unknown number of'} training "
-            f"samples; {fingerprint['hardware']['device']}, {fingerprint['hardware']['usable_cores']} usable cores\n"
+            f"samples; {fingerprint['hardware']['device']}, "
+            + (f"{plan.nproc} ranks of {fingerprint['hardware']['usable_cores']} usable core(s) each\n" if plan.nproc > 1
+               else f"{fingerprint['hardware']['usable_cores']} usable cores\n")
         )
         if shared:
             err.write(f"knobtune: worker {self.worker}: heartbeat every {shared.heartbeat_s} s; another worker's trial "

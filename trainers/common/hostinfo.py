@@ -106,3 +106,38 @@ def placement() -> dict[str, object]:
     except AttributeError:  # not Linux
         affinity = None
     return {"affinity": affinity, "cuda_visible_devices": os.environ.get("CUDA_VISIBLE_DEVICES")}
+
+
+def physical_groups(cores: list[int], root: str = "/sys/devices/system/cpu") -> list[tuple[int, ...]]:
+    """``cores`` grouped by physical core: hyperthreads of one core (``thread_siblings_list``)
+    form one group, which a partition takes whole. Without topology information each core is
+    its own group."""
+    allowed, groups, seen = set(cores), [], set()
+    for core in cores:
+        if core in seen:
+            continue
+        try:
+            text = open(f"{root}/cpu{core}/topology/thread_siblings_list").read().strip()
+            siblings = set()
+            for part in text.split(","):
+                low, _, high = part.partition("-")
+                siblings.update(range(int(low), int(high or low) + 1))
+        except (OSError, ValueError):
+            siblings = {core}
+        group = tuple(sorted((siblings & allowed) | {core}))
+        seen.update(group)
+        groups.append(group)
+    return groups
+
+
+def rank_shares(cores: list[int], nproc: int, groups: list[tuple[int, ...]] | None = None) -> list[tuple[int, ...]]:
+    """``cores`` divided between the ``nproc`` ranks of a data-parallel trial: the same number of
+    physical cores each (hyperthread siblings stay together, as between ``--jobs`` trials; cores
+    that do not divide evenly stay unused). Raises ValueError when there are fewer physical cores
+    than ranks."""
+    groups = groups if groups is not None else physical_groups(cores)
+    if nproc > len(groups):
+        raise ValueError(f"{nproc} ranks need a physical core each; {len(groups)} are usable here "
+                         f"({' '.join('+'.join(map(str, g)) for g in groups)})")
+    share = len(groups) // nproc
+    return [tuple(c for g in groups[r * share:(r + 1) * share] for c in g) for r in range(nproc)]

@@ -125,6 +125,15 @@ class GuardReading:
     mean_loss: float | None
 
 
+def group_reading(readings: list[tuple[bool, int | None, float | None]]) -> tuple[bool, int | None, float | None]:
+    """The guard of a data-parallel group from each rank's (finite, first bad step, mean loss):
+    finite when every rank's losses were, the earliest bad step, the ranks' mean loss."""
+    finite = all(f for f, _, _ in readings)
+    bad = [b for f, b, _ in readings if not f and b is not None]
+    means = [m for _, _, m in readings if m is not None]
+    return finite, min(bad) if bad else None, (sum(means) / len(means) if means and finite else None)
+
+
 @dataclass
 class BurstRecord:
     """Timings and guard state of one burst, turned into the result's measurement fields."""
@@ -215,22 +224,27 @@ class Hooks:
     target: float | None = None
 
 
-def progress_writer(path: str | None) -> Callable[[dict[str, Any]], None] | None:
-    """Append each segment as a JSON line to ``path`` (read by the parent while the child runs)."""
+def progress_writer(path: str | None, ranks: int = 1) -> Callable[[dict[str, Any]], None] | None:
+    """Append each segment as a JSON line to ``path`` (read by the parent while the child runs).
+    ``ranks``: the data-parallel group's size, whose ranks train the same samples in each
+    (aligned) segment: the line says the group's samples and rate."""
     if not path:
         return None
 
     def write(segment: dict[str, Any]) -> None:
+        if ranks > 1:
+            segment = {**segment, "samples": segment["samples"] * ranks,
+                       "rate": segment["rate"] * ranks if segment.get("rate") is not None else None}
         with open(path, "a") as f:
             f.write(json.dumps(segment) + "\n")
 
     return write
 
 
-def hooks_from(request: Request, evaluate: Callable[[], float]) -> Hooks:
+def hooks_from(request: Request, evaluate: Callable[[], float], ranks: int = 1) -> Hooks:
     """The hooks a burst request asks for: progress lines, and evaluation toward a target."""
     target = request.target_accuracy
-    return Hooks(progress=progress_writer(request.progress_path),
+    return Hooks(progress=progress_writer(request.progress_path, ranks),
                  evaluate=evaluate if target is not None else None, target=target)
 
 

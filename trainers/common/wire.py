@@ -66,8 +66,10 @@ class Request:
     progress_path: str | None = None  # where the child appends each window (the runner sets it)
     guard: bool = True  # the NaN guard (off only to measure its cost)
     sync_debug: bool = False  # CUDA: warn on every synchronisation
+    nproc: int = 1  # ranks in the trial's group (data-parallel: trainers/<framework>/group.py)
+    solo: bool = False  # a group's trial as one rank alone, on one rank's share (the scaling figure)
 
-    _WHEN_SET = ("target_accuracy", "input_variants", "progress_path", "guard", "sync_debug")
+    _WHEN_SET = ("target_accuracy", "input_variants", "progress_path", "guard", "sync_debug", "nproc", "solo")
 
     def to_json(self) -> dict[str, Any]:
         out = {f.name: getattr(self, f.name) for f in fields(self)
@@ -125,6 +127,7 @@ class Measured:
     trained_samples: int | None = None
     placement: dict[str, Any] | None = None
     child_start: str | None = None  # fresh | forked
+    group: dict[str, Any] | None = None  # a data-parallel trial: ranks, backend, each rank's rate, the slowest
 
 
 @dataclass(frozen=True)

@@ -11,6 +11,7 @@ from torch.utils.data import DataLoader
 from knobtune.trainers.common.errors import WorkloadError
 from knobtune.trainers.common.tuned import run_request
 from knobtune.trainers.common.wire import Request, Result
+from knobtune.trainers.pytorch import distributed, group
 from knobtune.trainers.pytorch.faults import oom_reason
 from knobtune.trainers.pytorch.loops import to_device
 from knobtune.trainers.pytorch.tuned import Tuned, for_request
@@ -70,12 +71,15 @@ def train(workload: Workload) -> None:
         with kt.autocast():
             loss = workload.loss_fn(trained(inputs), targets)
         kt.backward(loss, optimizer)
-    kt.report(val_accuracy=score(), eval_batch_size=eval_batch)
+    kt.report(val_accuracy=score() if distributed.rank() == 0 else None, eval_batch_size=eval_batch)  # rank 0 evaluates
 
 
 def run(request: Request, role: str = "trial") -> Result:
     """The request's result: the built-in loop over its workload, or its ``script`` run with
-    ``args`` (trainers.common.tuned.run_request); an out-of-memory failure is outcome oom."""
+    ``args`` (trainers.common.tuned.run_request); an out-of-memory failure is outcome oom. A
+    data-parallel request (``nproc`` > 1) runs in a group of ranks (trainers/pytorch/group.py)."""
+    if request.nproc > 1 and not distributed.active():
+        return group.run(request, role, run)
     return run_request(request, role, for_request,
                        lambda r: train(load(r.workload, r.workload_options)),
                        lambda exc, kt: oom_reason(exc, kt.worker_exit_codes()))  # type: ignore[attr-defined]

@@ -45,11 +45,12 @@ class SeededSampler(Sampler[int]):
     """Shuffled indices, epoch after epoch, each a ``Draw`` whose seed depends only on the study
     seed, the epoch and the position: the order and augmentation never depend on the workers."""
 
-    def __init__(self, size: int, seed: int) -> None:
+    def __init__(self, size: int, seed: int, rank: int = 0, ranks: int = 1) -> None:
         self.size, self.seed, self.epoch = size, seed, 0
+        self.rank, self.ranks = rank, ranks  # a data-parallel rank reads every ranks-th draw, from its own
 
     def __len__(self) -> int:
-        return self.size
+        return self.size // self.ranks  # (the same for every rank: the tail that does not divide is left out)
 
     def __iter__(self) -> Iterator[int]:
         epoch = self.epoch
@@ -57,8 +58,8 @@ class SeededSampler(Sampler[int]):
         generator = torch.Generator().manual_seed((self.seed << 20) + epoch)
         order = torch.randperm(self.size, generator=generator).tolist()
         base = (self.seed << 64) | (epoch << 32)
-        for position, index in enumerate(order):
-            yield Draw(index, base | position)
+        for position in range(self.rank, len(self) * self.ranks, self.ranks):
+            yield Draw(order[position], base | position)
 
 
 def _to_tensor(image: Image.Image) -> torch.Tensor:

@@ -4,9 +4,12 @@ burst's own schedule and window timer, for the built-in loop and a user's script
 integration API runs both inside ``kt.batches``)."""
 from __future__ import annotations
 
+from dataclasses import replace
+
 from knobtune.trainers.common.wire import Request, Result
 from knobtune.trainers.pytorch import burst
 
 
 def run(request: Request) -> Result:
-    return burst.run(request, role="diagnose")
+    """The bottleneck diagnosis; of a data-parallel study, on one rank alone (its share of the cores)."""
+    return burst.run(replace(request, solo=True) if request.nproc > 1 else request, role="diagnose")

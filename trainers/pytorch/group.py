@@ -1,5 +1,7 @@
-"""A trial as a group of ranks (issue 20, first piece): ``launch`` forks ``nproc`` processes from
-the trial's child the way ``torchrun --nproc_per_node N`` starts them, and ends them as one job.
+"""A trial as a group of ranks: ``launch`` forks ``nproc`` processes from the trial's child the way
+``torchrun --nproc_per_node N`` starts them, and ends them as one job; ``run`` is a data-parallel
+trial (``[study] nproc``) on top of it: each rank on its share of the trial's cores, its result
+merged into the trial's (trainers/common/ranks.py).
 
 Each rank gets torchrun's environment (``RANK``, ``LOCAL_RANK``, ``WORLD_SIZE``,
 ``LOCAL_WORLD_SIZE``, ``MASTER_ADDR``, ``MASTER_PORT``, ...), so a script's own
@@ -23,15 +25,23 @@ the forks: a rank inherits no thread.
 """
 from __future__ import annotations
 
+import json
 import os
+import shutil
 import signal
 import sys
+import tempfile
 import time
 import traceback
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
+from pathlib import Path
 from typing import Callable, Iterable
 
+from knobtune.trainers.common import hostinfo, ranks
+from knobtune.trainers.common.child import write_json
+from knobtune.trainers.common.errors import InvalidKnobs, WorkloadError
 from knobtune.trainers.common.forkserver import PR_SET_PDEATHSIG, _prctl
+from knobtune.trainers.common.wire import Request, Result
 
 HOST = "127.0.0.1"
 
@@ -210,3 +220,72 @@ def _kill(pids: dict[int, int], ends: dict[int, RankEnd]) -> set[int]:
             except ProcessLookupError:
                 pass
     return out
+
+
+# A rank that finished while another is still running gets this long before the other is stopped:
+# the ranks meet in a collective at every segment boundary, so a rank still running longer is stuck.
+GRACE_S = 30.0
+
+
+class GroupFailed(RuntimeError):
+    """A rank crashed, was killed, or the ranks disagreed: the trial crashed (its reason is the
+    last line the child prints)."""
+
+
+def run(request: Request, role: str, single: Callable[[Request, str], Result], grace_s: float = GRACE_S) -> Result:
+    """A data-parallel trial: ``single(rank's request, role)`` in each of ``request.nproc`` ranks,
+    each pinned to its share of this process's cores (one intra-op thread, as torchrun gives a
+    rank unless ``OMP_NUM_THREADS`` says otherwise; the ``intra_op_threads`` knob sets others),
+    and the ranks' results merged. A rank's workload error is the trial's; a rank that crashed or
+    was killed, or ranks that disagree, raise GroupFailed (a rank killed by a SIGKILL nobody here
+    sent is outcome oom, as for one process)."""
+    try:
+        shares = hostinfo.rank_shares(sorted(os.sched_getaffinity(0)), request.nproc)
+    except ValueError as exc:
+        raise WorkloadError(f"nproc = {request.nproc}: {exc}") from None
+    if request.solo:  # one rank alone on its share, no group: what the extra ranks are measured against
+        _pin(shares[0])
+        return single(ranks.rank_request(request, 0), role)
+    out = Path(tempfile.mkdtemp(prefix="knobtune-ranks-"))
+    try:
+        def body(rank: int) -> int:
+            _pin(shares[rank])
+            code = 0
+            try:
+                result = single(ranks.rank_request(request, rank), role)
+            except WorkloadError as exc:
+                result, code = Result(error=str(exc)), 2
+            except InvalidKnobs as exc:
+                result = Result(outcome="invalid", failure=f"{exc} (each of the {request.nproc} ranks trains 1/"
+                                                           f"{request.nproc} of [burst] train_samples = "
+                                                           f"{request.burst.train_samples})")
+            write_json(out / f"rank{rank}.json", replace(result, placement=hostinfo.placement()).to_json())
+            return code
+
+        end = launch(request.nproc, body, grace_s=grace_s)
+        results = {rank: Result.from_json(json.loads((out / f"rank{rank}.json").read_text()))
+                   for rank in range(request.nproc) if (out / f"rank{rank}.json").exists()}
+    finally:
+        shutil.rmtree(out, ignore_errors=True)
+    error = next((r.error for _, r in sorted(results.items()) if r.error), None)
+    if error is not None:
+        raise WorkloadError(error)
+    if not end.ok or len(results) < request.nproc:
+        failed = end.failed
+        if failed is not None and failed.status == -signal.SIGKILL:
+            return Result(outcome="oom", failure=f"rank {failed.rank} of {request.nproc} was killed by SIGKILL that "
+                                                 f"knobtune did not send (most likely the kernel's out-of-memory "
+                                                 f"killer); the other ranks were stopped with it")
+        raise GroupFailed(end.reason() or f"rank(s) {_listed(r for r in range(request.nproc) if r not in results)} "
+                                          f"ended without a result")
+    from knobtune.trainers.pytorch import distributed
+
+    return ranks.merge(results, request.nproc, distributed.backend(distributed.device()), shares)
+
+
+def _pin(cores: tuple[int, ...]) -> None:
+    import torch
+
+    os.sched_setaffinity(0, cores)
+    if "OMP_NUM_THREADS" not in os.environ:
+        torch.set_num_threads(1)

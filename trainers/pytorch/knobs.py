@@ -14,7 +14,7 @@ from typing import Any, Callable, ContextManager, Mapping
 import torch
 from torch.utils.data import DataLoader
 
-from knobtune.spaces.pytorch import ALLOC_CONF, SPACE
+from knobtune.spaces.pytorch import ALLOC_CONF, DDP_KNOBS, SPACE
 from knobtune.trainers.common import hostinfo
 from knobtune.trainers.common.errors import InvalidKnobs
 from knobtune.trainers.common.handling import UNREAD, Handlers, Handling
@@ -95,12 +95,16 @@ def ready_batches(iterator: Any) -> int | None:
     return queued + reordered
 
 
-def prepare_model(model: torch.nn.Module, knobs: dict[str, Any], device: torch.device) -> torch.nn.Module:
+def prepare_model(model: torch.nn.Module, knobs: dict[str, Any], device: torch.device,
+                  wrap: Callable[[torch.nn.Module], torch.nn.Module] | None = None) -> torch.nn.Module:
     """Move ``model`` to the device (in place; channels_last when asked) and return the module to
-    train with: ``model`` itself, or its ``torch.compile`` wrapper (which shares its parameters)."""
+    train with: ``model`` itself, ``wrap(model)`` (DistributedDataParallel in a data-parallel
+    rank), or its ``torch.compile`` wrapper (which shares its parameters; DDP is compiled whole)."""
     model.to(device)
     if knobs.get("channels_last"):
         model.to(memory_format=torch.channels_last)  # type: ignore[call-overload]
+    if wrap is not None:
+        model = wrap(model)
     mode = knobs.get("compile", "off")
     if mode == "off":
         return model
@@ -237,6 +241,18 @@ class Trained:
     autocast: Any = None
     compile_report: Mapping[str, Any] | None = None
     accumulation: int = 1
+    ddp: Any = None           # the DistributedDataParallel module kt.prepare made (a data-parallel rank)
+
+
+def _from_ddp(name: str) -> Callable[[Trained], Any]:
+    def read(t: Trained) -> Any:
+        if t.ddp is None:
+            return UNREAD
+        from knobtune.trainers.pytorch import distributed
+
+        return distributed.read_back(t.ddp)[name]
+
+    return read
 
 
 def _from_loader(attribute: str) -> Callable[[Trained], Any]:
@@ -387,5 +403,6 @@ HANDLERS = Handlers(SPACE, {
     "dataloader_in_order": Handling(read=_in_order_used),
     "group_by_length": Handling(read=lambda t: UNREAD if t.loader is None
                                 else bool(getattr(t.loader, "grouped_by_length", False))),
+    **{name: Handling(read=_from_ddp(name)) for name in DDP_KNOBS},
     "expandable_segments": Handling(environ=_set_allocator, read=_expandable_segments_used),
 })

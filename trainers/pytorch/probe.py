@@ -10,6 +10,7 @@ import torch
 
 from knobtune.trainers.common import script
 from knobtune.trainers.common.child import probe_handler
+from knobtune.trainers.common.errors import WorkloadError
 from knobtune.trainers.common.wire import Request
 from knobtune.trainers.pytorch import env
 from knobtune.trainers.pytorch.knobs import has_conv, optimizer_impls
@@ -45,7 +46,14 @@ def describe_script(request: Request) -> dict[str, Any]:
             sample = dataset[0]
         except Exception:  # an IterableDataset, or indexing that needs more than an int
             sample = None
+    if request.nproc > 1 and "prepare" not in kt.used:
+        raise WorkloadError(f"the script never calls kt.prepare(model): a data-parallel study (nproc = {request.nproc}) "
+                            f"needs it to wrap the model in DistributedDataParallel with the trial's knobs")
+    if request.nproc > 1 and kt.integration:
+        raise WorkloadError(f"a data-parallel study (nproc = {request.nproc}) of a script trained by {kt.integration}'s "
+                            f"own loop is not supported yet: tune it with nproc = 1, or train with kt.batches")
     return {
+        **_group(request, kt.device, models),
         "name": Path(request.script).name,
         "parameters": sum(p.numel() for m in models for p in m.parameters() if p.requires_grad),
         "train_samples": _sized(dataset) if dataset is not None else None,
@@ -69,6 +77,7 @@ def describe(request: Request) -> dict[str, Any]:
     sample = workload.train_dataset[0] if _sized(workload.train_dataset) else None
     inputs = sample[0] if isinstance(sample, (list, tuple)) else sample
     return {
+        **_group(request, _device(), [model]),
         "name": workload.name,
         "parameters": sum(p.numel() for p in model.parameters() if p.requires_grad),
         "train_samples": _sized(workload.train_dataset),
@@ -78,6 +87,17 @@ def describe(request: Request) -> dict[str, Any]:
         "batch_size": workload.batch_size,
         **optimizer_impls(workload.build_optimizer(model.parameters()), _device()),
     }
+
+
+def _group(request: Request, device: torch.device, models: list[torch.nn.Module]) -> dict[str, Any]:
+    """For a data-parallel study: the backend and the compression hooks it takes here (tried on
+    a one-rank group), and whether the model has buffers (broadcast_buffers matters then)."""
+    if request.nproc <= 1:
+        return {}
+    from knobtune.trainers.pytorch import distributed
+
+    return {"distributed": {"nproc": request.nproc, **distributed.capabilities(device)},
+            "buffers": sum(b.numel() for m in models for b in m.buffers())}
 
 
 def _device() -> torch.device:

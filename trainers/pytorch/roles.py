@@ -16,15 +16,23 @@ import time
 from typing import TYPE_CHECKING, Any, Callable, Iterator
 
 import torch
-from torch.utils.data import DataLoader, IterableDataset
+from torch.utils.data import DataLoader, DistributedSampler, IterableDataset
 
 from knobtune.trainers.common import roles
 from knobtune.trainers.common.errors import InvalidKnobs, WorkloadError
 from knobtune.trainers.common.production import log
-from knobtune.trainers.common.protocol import GuardReading, Schedule, WindowTimer, drive, hooks_from, make_schedule
+from knobtune.trainers.common.protocol import (
+    GuardReading,
+    Schedule,
+    WindowTimer,
+    drive,
+    group_reading,
+    hooks_from,
+    make_schedule,
+)
 from knobtune.trainers.common.script import ScriptDone
 from knobtune.trainers.common.wire import Result
-from knobtune.trainers.pytorch import compiled
+from knobtune.trainers.pytorch import compiled, distributed
 from knobtune.trainers.pytorch import knobs as K
 from knobtune.trainers.pytorch.data import SeededSampler
 from knobtune.trainers.pytorch.loops import LoaderView, LossGuard, count
@@ -38,6 +46,19 @@ def make_loader(dataset: Any, arguments: dict[str, Any]) -> DataLoader:
         return DataLoader(dataset, **arguments)
     except (TypeError, ValueError) as exc:
         raise WorkloadError(f"kt.dataloader(...): {exc}") from None
+
+
+def _shardable(dataset: Any, arguments: dict[str, Any]) -> bool:
+    """Whether knobtune can give each data-parallel rank its shard: a map-style dataset, read in
+    the loader's own order (a script's sampler or batch_sampler, an IterableDataset: its own business)."""
+    return not isinstance(dataset, IterableDataset) and "sampler" not in arguments and "batch_sampler" not in arguments
+
+
+def _unsharded(dataset: Any, arguments: dict[str, Any]) -> str:
+    what = ("an IterableDataset" if isinstance(dataset, IterableDataset) else
+            f"its own {'batch_sampler' if 'batch_sampler' in arguments else 'sampler'}")
+    return (f"kt.dataloader(...) in a data-parallel trial: the training set comes with {what}, so knobtune cannot give "
+            f"each rank its shard; pass a map-style dataset and shuffle=True, and kt.dataloader shards it")
 
 
 class Driver(roles.Driver):
@@ -54,7 +75,9 @@ class Driver(roles.Driver):
     def loader(self, dataset: Any, arguments: dict[str, Any], loader_args: dict[str, Any],
                shuffle: bool) -> DataLoader:
         """The training DataLoader (``arguments``: the script's own, ``loader_args``: with the knobs')."""
-        if shuffle and not isinstance(dataset, IterableDataset):
+        if distributed.active() and _shardable(dataset, arguments):
+            loader_args["sampler"] = DistributedSampler(dataset, shuffle=shuffle)  # each kt.batches pass: set_epoch
+        elif shuffle and not isinstance(dataset, IterableDataset):
             loader_args["shuffle"] = True
         return make_loader(dataset, loader_args)
 
@@ -91,6 +114,7 @@ class DefaultDriver(Driver):
     watched (samples/s between device syncs at the watchdog's interval, the guard read there)."""
 
     micro_batches = 0  # micro-batches so far, across passes
+    passes = 0  # kt.batches passes so far
 
     def watch(self) -> None:
         """The watchdog's interval boundary: one sync, and the guard's sum read."""
@@ -110,6 +134,10 @@ class DefaultDriver(Driver):
             kt.guard = LossGuard(1024, kt.device)  # a ring: read at each watchdog interval
         watchdog = self.watchdog
         watchdog.resume()
+        sampler = getattr(loader, "sampler", None)
+        if isinstance(sampler, DistributedSampler):  # a new order each pass, the same on every rank
+            sampler.set_epoch(self.passes)
+        self.passes += 1
         try:
             for batch in loader:
                 batch = kt._on_device(batch, loader)
@@ -187,9 +215,12 @@ class TrialDriver(roles.Measuring, Driver):
                shuffle: bool) -> DataLoader:
         iterable = isinstance(dataset, IterableDataset)
         seed = self.trial.request.seed
-        if shuffle and not iterable and "sampler" not in arguments and "batch_sampler" not in arguments:
-            # order and augmentation independent of num_workers
-            loader_args["sampler"] = SeededSampler(len(dataset), seed)
+        group = distributed.active()
+        if group and not _shardable(dataset, arguments):
+            raise WorkloadError(_unsharded(dataset, arguments))
+        if (shuffle or group) and not iterable and "sampler" not in arguments and "batch_sampler" not in arguments:
+            # order and augmentation independent of num_workers; in a group, this rank's shard of the order
+            loader_args["sampler"] = SeededSampler(len(dataset), seed, distributed.rank(), distributed.world_size())
         elif shuffle and not iterable:
             loader_args["shuffle"] = True
         # the workers' base seed comes from this generator; without it the loader draws it from
@@ -239,7 +270,11 @@ class TrialDriver(roles.Measuring, Driver):
         if target is not None and evaluate is None:
             raise InvalidKnobs("time-to-accuracy needs an evaluation between windows: iterate "
                                "kt.batches(loader, evaluate=fn), fn() returning the held-out accuracy")
-        hooks = hooks_from(trial.request, self.evaluator(evaluate) if evaluate else (lambda: 0.0))
+        ranks = distributed.world_size()
+        hooks = hooks_from(trial.request, self.evaluator(evaluate) if evaluate else (lambda: 0.0), ranks)
+        if ranks > 1 and drained is None:
+            # every rank settles for the same micro-batches (its read-ahead), so the windows stay aligned
+            drained = lambda: None  # noqa: E731
         timer = trial.timer = WindowTimer(schedule, hooks=hooks, drained=drained or self.drained)
         trial.record = timer.record
         if kt.device.type == "cuda":
@@ -379,6 +414,8 @@ class TrialDriver(roles.Measuring, Driver):
             kt.skipped += torch.stack(self.found_inf).float().sum()
             self.found_inf = []
         finite, first_bad, mean = kt.guard.read() if kt.guard is not None else (True, None, None)
+        if distributed.active():  # every rank's guard counts; the collective also aligns the ranks' boundaries
+            finite, first_bad, mean = group_reading(distributed.gathered((finite, first_bad, mean)))
         if self.sync_debug:  # every segment after warm-up must run without a host-device sync
             torch.cuda.set_sync_debug_mode("error")
         return GuardReading(finite=finite, first_bad_step=first_bad, mean_loss=mean)
@@ -408,7 +445,7 @@ class TrialDriver(roles.Measuring, Driver):
             "optimizer_impl": K.impl_used(optimizer) if optimizer is not None else None,
             "per_step_sync": K.per_step_sync(kt.scaler, optimizer),
             "compile_mode": kt.knobs["compile"],
-            "compiled": any(m is not t for m, t in kt.models),
+            "compiled": any(hasattr(t, "_orig_mod") for _, t in kt.models),  # torch.compile's wrapper
             "compile_report": kt.compile_report(),
             "channels_last": effective.get("channels_last", False),
             "cudnn_benchmark": torch.backends.cudnn.benchmark,

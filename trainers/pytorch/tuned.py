@@ -33,7 +33,7 @@ from torch.utils.data import DataLoader
 from knobtune.trainers.common.production import WatchdogSettings, ensure_logging, log
 from knobtune.trainers.common.tuned import Trial, TunedBase, export_knobs
 from knobtune.trainers.common.wire import Request
-from knobtune.trainers.pytorch import compiled
+from knobtune.trainers.pytorch import compiled, distributed
 from knobtune.trainers.pytorch import knobs as K
 from knobtune.trainers.pytorch.loops import LoaderView, LossGuard, channels_last, to_device
 from knobtune.trainers.pytorch.roles import DRIVERS, Driver
@@ -52,7 +52,7 @@ class Tuned(TunedBase):
 
     EXERCISED_BY = {
         "dataloader": (K.LOADER_KNOBS, "the script's DataLoader is not built by kt.dataloader(...)"),
-        "prepare": (("compile", "channels_last"), "the script never calls kt.prepare(model)"),
+        "prepare": (("compile", "channels_last", *K.DDP_KNOBS), "the script never calls kt.prepare(model)"),
         "prepare_optimizer": (("optimizer_impl",), "the script never passes its optimizer to "
                                                    "kt.prepare(model, optimizer)"),
         "autocast": (("amp",), "the script never enters kt.autocast()"),
@@ -69,7 +69,7 @@ class Tuned(TunedBase):
         self.knobs = {**K.DEFAULTS, "batch_size": None, **knobs}
         self.explicit = set(knobs) if explicit is None else explicit
         self.config = config
-        self.device = device or torch.device("cuda" if torch.cuda.is_available() else "cpu")
+        self.device = device or distributed.device()
         self.created = time.perf_counter()
         self._choose(role, trial, config, settings)
         wanted = self.driver.applies(self.knobs, self.explicit)
@@ -83,6 +83,7 @@ class Tuned(TunedBase):
         # id(loader) -> its dataset, other arguments, shuffle, and the script's own loader settings
         self.made: dict[int, tuple[Any, dict[str, Any], bool, dict[str, Any]]] = {}
         self.models: list[tuple[torch.nn.Module, torch.nn.Module]] = []  # (model, module trained with)
+        self.ddp: Any = None  # the DistributedDataParallel module kt.prepare made (a data-parallel rank)
         self.optimizers: list[torch.optim.Optimizer] = []
         self.prepared: list[torch.optim.Optimizer] = []  # the optimizers kt.prepare returned
         self.fused_for_scaler = False
@@ -120,7 +121,7 @@ class Tuned(TunedBase):
             return _ACTIVE
         ensure_logging()
         settings = WatchdogSettings.from_env(watchdog_interval, watchdog_margin)
-        device = torch.device("cuda" if torch.cuda.is_available() else "cpu")
+        device = distributed.device()
         from knobtune.trainers.pytorch import env
 
         loaded = export_knobs(path, "pytorch", version_key="torch", fingerprint=env.fingerprint,
@@ -160,7 +161,7 @@ class Tuned(TunedBase):
         options and state); with the default implementation under fp16 on CUDA, its fused twin,
         which takes GradScaler's state on the device (no sync per step)."""
         self.used.add("prepare")
-        trained = K.prepare_model(model, self.knobs, self.device)
+        trained = K.prepare_model(model, self.knobs, self.device, self._data_parallel(model))
         self.models.append((model, trained))
         if compiled.uses_cuda_graphs(self.knobs["compile"], self.device):
             self.mark_step = True
@@ -172,6 +173,23 @@ class Tuned(TunedBase):
         optimizer = self._optimizer(optimizer)
         self.prepared.append(optimizer)
         return trained, optimizer
+
+    def _data_parallel(self, model: torch.nn.Module) -> Callable[[torch.nn.Module], torch.nn.Module] | None:
+        """In one rank of several (a trial's group, torchrun): what wraps ``model`` in
+        DistributedDataParallel with the DDP knobs; None in a single process, or when the script
+        wrapped it itself."""
+        if not distributed.active():
+            return None
+        if isinstance(model, distributed.DistributedDataParallel):
+            why = "the script wrapped its model in DistributedDataParallel itself"
+            self.also_not_exercised.update({name: why for name in K.DDP_KNOBS})
+            return None
+
+        def wrap(module: torch.nn.Module) -> torch.nn.Module:
+            self.ddp = distributed.wrap(module, self.knobs, self.device)
+            return self.ddp
+
+        return wrap
 
     def _optimizer(self, optimizer: torch.optim.Optimizer) -> torch.optim.Optimizer:
         """``optimizer`` with the knobs' implementation (or, by default under fp16 on CUDA, fused
@@ -319,7 +337,7 @@ class Tuned(TunedBase):
         trained = K.Trained(self.device, self.knobs, loader=seen,
                           models=tuple(m for m, _ in self.models), optimizer=optimizer,
                           autocast=self.observed_autocast if self.observed_autocast is not None else self._autocast,
-                          compile_report=self.compile_report(), accumulation=self.accumulation)
+                          compile_report=self.compile_report(), accumulation=self.accumulation, ddp=self.ddp)
         return K.HANDLERS.read_back(trained, self.not_exercised())
 
     def compile_report(self) -> dict[str, Any] | None:
