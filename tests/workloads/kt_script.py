@@ -2,11 +2,17 @@
 break it in the ways the tests need: ``--raise-before`` (fails before its first batch),
 ``--no-batches`` (never iterates kt.batches), ``--no-report`` (never reports its accuracy),
 ``--no-autocast`` (never enters kt.autocast), ``--nan-after N`` (loss non-finite after N steps),
-``--dict`` (dict batches, Hugging Face style)."""
+``--dict`` (dict batches, Hugging Face style). In a data-parallel trial, ``--rank R`` limits
+``--nan-after`` to rank R, ``--die-after N`` makes rank R kill itself (SIGTERM) after N steps and
+``--stop-after N`` makes it leave kt.batches after N steps; ``--pids DIR`` writes each rank's pid;
+``--no-prepare`` never calls kt.prepare."""
 from __future__ import annotations
 
 import argparse
 import json
+import os
+import signal
+from pathlib import Path
 
 import torch
 from torch import nn
@@ -32,7 +38,17 @@ def main() -> None:
     p.add_argument("--nan-after", type=int)
     p.add_argument("--dict", action="store_true")
     p.add_argument("--evaluate", action="store_true", help="give kt.batches an evaluation (time-to-accuracy)")
+    p.add_argument("--rank", type=int, help="the rank --nan-after, --die-after and --stop-after act in")
+    p.add_argument("--die-after", type=int)
+    p.add_argument("--stop-after", type=int)
+    p.add_argument("--pids", type=Path)
+    p.add_argument("--no-prepare", action="store_true", help="train the model as it is, never calling kt.prepare")
     args = p.parse_args()
+    me = int(os.environ.get("RANK", "0"))
+    chosen = args.rank is None or args.rank == me
+    if args.pids:
+        args.pids.mkdir(parents=True, exist_ok=True)
+        (args.pids / f"rank{me}.pid").write_text(str(os.getpid()))
 
     kt = Tuned.load()
     files = digits.prepare()
@@ -43,7 +59,7 @@ def main() -> None:
         train_set = DictDigits(train_set)
     loader = kt.dataloader(train_set, shuffle=True, batch_size=args.batch_size, num_workers=args.workers)
     model = mlp()
-    trained = kt.prepare(model)
+    trained = model if args.no_prepare else kt.prepare(model)
     optimizer = torch.optim.Adam(model.parameters(), lr=1e-3)
     loss_fn = nn.CrossEntropyLoss()
     if args.raise_before:
@@ -66,8 +82,12 @@ def main() -> None:
                 with kt.autocast():
                     loss = loss_fn(trained(x), y)
             steps += 1
-            if args.nan_after is not None and steps > args.nan_after:
+            if args.nan_after is not None and steps > args.nan_after and chosen:
                 loss = loss * float("nan")
+            if args.die_after is not None and steps > args.die_after and chosen:
+                os.kill(os.getpid(), signal.SIGTERM)
+            if args.stop_after is not None and steps > args.stop_after and chosen:
+                break
             kt.backward(loss, optimizer)
         print(f"epoch {epoch + 1} done", flush=True)
     if not args.no_report:

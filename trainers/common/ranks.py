@@ -31,7 +31,7 @@ def rank_request(request: Request, rank: int) -> Request:
                    accuracy_required=request.accuracy_required and first, nproc=1, solo=False)
 
 
-def _failed(results: dict[int, Result]) -> tuple[int, Result] | None:
+def first_failure(results: dict[int, Result]) -> tuple[int, Result] | None:
     """The rank whose outcome the group's is: a non-finite loss first (every rank sees it, through
     the guard's collective), then out of memory, then an invalid run."""
     for outcome in ("nan", "oom", "invalid"):
@@ -50,7 +50,7 @@ def merge(results: dict[int, Result], nproc: int, backend: str, shares: list[tup
         "ranks": [{"rank": rank, "samples_per_second": rates[rank], "cores": list(shares[rank]),
                    "outcome": r.outcome, "placement": r.placement} for rank, r in sorted(results.items())],
     }
-    failed = _failed(results)
+    failed = first_failure(results)
     if failed is not None:
         rank, result = failed
         return replace(result, failure=f"rank {rank} of {nproc}: {result.failure}", group=group)

@@ -271,6 +271,10 @@ def run(request: Request, role: str, single: Callable[[Request, str], Result], g
     if error is not None:
         raise WorkloadError(error)
     if not end.ok or len(results) < request.nproc:
+        told = ranks.first_failure(results)
+        if told is not None:  # a rank said what went wrong (it left the burst early, ...): the cause
+            rank, result = told
+            return replace(result, failure=f"rank {rank} of {request.nproc}: {result.failure}; {end.reason()}")
         failed = end.failed
         if failed is not None and failed.status == -signal.SIGKILL:
             return Result(outcome="oom", failure=f"rank {failed.rank} of {request.nproc} was killed by SIGKILL that "
