@@ -136,7 +136,9 @@ def launch(nproc: int, body: Callable[[int], int], *, grace_s: float = 30.0, pol
     del store
     ends, told = _as_told(ends, ends_read, started)
     killed -= told  # (a rank that had ended on its own before the kill reached it)
-    failed = next((e for e in sorted(ends.values(), key=lambda e: e.seconds)
+    # a rank killed by a signal nobody here sent is the cause (its peers only raise when its connections
+    # close, a poll before it is reaped); else the first rank that told of its failure
+    failed = next((e for e in sorted(ends.values(), key=lambda e: (e.status >= 0, e.seconds))
                    if e.status != 0 and e.rank not in killed), None)
     stragglers = tuple(sorted(killed)) if failed is None else ()
     return GroupEnd(ranks=tuple(ends[r] for r in sorted(ends)), failed=failed, stragglers=stragglers, port=port)
