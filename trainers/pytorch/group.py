@@ -135,7 +135,8 @@ def launch(nproc: int, body: Callable[[int], int], *, grace_s: float = 30.0, pol
     ends, killed = _wait(pids, started, grace_s, poll_s)
     del store
     ends, told = _as_told(ends, ends_read, started)
-    killed -= told  # (a rank that had ended on its own before the kill reached it)
+    # (a rank that had ended on its own before the kill reached it: it told, or another signal than ours ended it)
+    killed = {r for r in killed - told if ends[r].status == -signal.SIGKILL}
     # a rank killed by a signal nobody here sent is the cause (its peers only raise when its connections
     # close, a poll before it is reaped); else the first rank that told of its failure
     failed = next((e for e in sorted(ends.values(), key=lambda e: (e.status >= 0, e.seconds))
