@@ -327,13 +327,18 @@ def script(shown: Shown) -> str:
     (amp, accumulation_steps, compile, pin_memory and channels_last shape the loop itself)."""
     setup = shown.lines("expandable_segments", "intra_op_threads", "cudnn_benchmark", "cudnn_deterministic",
                         "matmul_precision")
+    ddp = _ddp_lines(shown)
     out = ["import torch", "from torch.utils.data import DataLoader", "", *setup.code]
-    args = [*shown.lines("batch_size").code, "shuffle=True"]
+    if ddp:  # a data-parallel winner: every rank runs this script (torchrun sets RANK, LOCAL_RANK, WORLD_SIZE)
+        out = ["import os", "import torch", "from torch.utils.data import DataLoader, DistributedSampler", "",
+               *setup.code, "torch.distributed.init_process_group()  # launched by torchrun --nproc_per_node N",
+               "local_rank = int(os.environ['LOCAL_RANK'])"]
+    args = [*shown.lines("batch_size").code, "sampler=DistributedSampler(train_set)" if ddp else "shuffle=True"]
     if int(shown.value("num_workers", 0) or 0):
         args += shown.lines("num_workers", "prefetch_factor", "persistent_workers", "dataloader_in_order").code
     args += shown.lines("pin_memory").code
     out += ["", f"train_loader = DataLoader(train_set, {', '.join(args)})", "", "model = model.to(device)",
-            *shown.lines("channels_last").code, *_ddp_lines(shown), *shown.lines("compile").code, "", *shown.lines("optimizer_impl").code,
+            *shown.lines("channels_last").code, *ddp, *shown.lines("compile").code, "", *shown.lines("optimizer_impl").code,
             *shown.learning_rate("for group in optimizer.param_groups:\n    group['lr'] = {lr}"),
             *shown.lines("amp").code]
     trained = "model" if shown.value("compile", "off") == "off" else "trained"
@@ -341,7 +346,8 @@ def script(shown: Shown) -> str:
     k = int(shown.value("accumulation_steps", 1) or 1)
     copy = ", non_blocking=True" if shown.value("pin_memory", False) else ""
     loss = "loss / " + str(k) if k > 1 else "loss"
-    out += ["for epoch in range(epochs):", f"    {trained}.train()",
+    out += ["for epoch in range(epochs):", *(["    train_loader.sampler.set_epoch(epoch)"] if ddp else []),
+            f"    {trained}.train()",
             "    for step, (x, y) in enumerate(train_loader):",
             f"        x, y = x.to(device{copy}), y.to(device{copy})"]
     if shown.value("channels_last", False):

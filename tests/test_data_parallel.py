@@ -105,7 +105,13 @@ def test_a_script_study_of_two_ranks_and_its_winner_under_torchrun(tmp_path: Pat
     assert all(t.knobs["ddp_static_graph"].value is True for t in trials)
     knobtune("export", "dp-script", "-o", "best.json", cwd=tmp_path, check=0)
     best = json.loads((tmp_path / "best.json").read_text())
-    assert best["partition"]["nproc"] == 2
+    assert best["partition"]["nproc"] == 2 and best["group"]["nproc"] == 2 and best["group"]["backend"] == "gloo"
+    assert "torchrun --nproc_per_node 2" in best["group"]["launch"]
+    snippet = knobtune("export", "dp-script", "--format", "snippet", cwd=tmp_path, check=0).stdout
+    assert "sampler=DistributedSampler(train_set)" in snippet
+    assert "DistributedDataParallel(model, device_ids=[local_rank] if device.type == 'cuda' else None, " \
+           "gradient_as_bucket_view=True, static_graph=True)" in snippet
+    compile(snippet, "snippet.py", "exec")
     env = {**os.environ, "KNOBTUNE_CONFIG": str(tmp_path / "best.json"), "OMP_NUM_THREADS": "1"}
     proc = subprocess.run([sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node", "2",
                            str(SCRIPT), "--epochs", "1"], cwd=tmp_path, env=env, capture_output=True, text=True,
@@ -116,6 +122,12 @@ def test_a_script_study_of_two_ranks_and_its_winner_under_torchrun(tmp_path: Pat
     for stats in lines:  # each rank's model wrapped in DDP with the winner's settings, read back
         assert {k: stats["knobs"][k] for k in DDP_KNOBS} == {k: best["knobs"][k] for k in DDP_KNOBS}
         assert stats["knobs"]["ddp_gradient_as_bucket_view"] is True
+    assert "was measured as" not in proc.stderr  # the same number of ranks as measured: no warning
+    alone = subprocess.run([sys.executable, str(SCRIPT), "--epochs", "1"], cwd=tmp_path, env=env,
+                           capture_output=True, text=True, timeout=300)
+    assert alone.returncode == 0, alone.stderr[-3000:]
+    assert "was measured as 2 data-parallel ranks (KNOBTUNE_CONFIG=best.json torchrun --nproc_per_node 2" in \
+        alone.stderr and "this job runs 1 process(es)" in alone.stderr
 
 
 def _group_trial(args: list[str]) -> tuple:

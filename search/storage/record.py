@@ -179,6 +179,7 @@ class StudyRecord:
     partition: dict[str, Any] | None = None  # the share of the machine each trial ran on (--jobs)
     confirmed: dict[str, Any] | None = None  # the confirmation's record (confirm.py)
     diagnosis: dict[str, Any] | None = None
+    scaling: dict[str, Any] | None = None  # a data-parallel study's group against one rank (scaling.py)
     roles: dict[str, str] | None = None
     advice_enqueued: bool = False
     warm_start: dict[str, Any] | None = None

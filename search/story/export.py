@@ -104,8 +104,22 @@ def best_config(study: optuna.Study, pick: str | None = None) -> dict[str, Any]:
         # what each trial measured: the whole machine, or one share of it (--jobs): run the winner
         # on that share (one GPU and its cores: one rank of a data-parallel job)
         "partition": kept.partition or {"jobs": 1, "share": "the whole machine"},
+        **_group(w, kept),
         "created": datetime.now(timezone.utc).isoformat(timespec="seconds"),
     }
+
+
+def _group(w: TrialRecord, kept: StudyRecord) -> dict[str, Any]:
+    """A data-parallel winner's ``group`` block: its ranks and backend, how to launch it in production,
+    and its scaling figure; nothing for a one-process study."""
+    group = w.group or {}
+    if not group.get("nproc"):
+        return {}
+    n = group["nproc"]
+    scaling = (kept.scaling or {}).get("winner")
+    return {"group": {"nproc": n, "backend": group.get("backend"),
+                      "launch": f"KNOBTUNE_CONFIG=best.json torchrun --nproc_per_node {n} train.py",
+                      **({"scaling": scaling} if scaling else {})}}
 
 
 def _round_rates(confirmed: dict[str, Any], number: int) -> dict[str, Any]:

@@ -25,7 +25,7 @@ from knobtune.search.storage.workers import Sharing
 from knobtune.search.story import notes, results
 from knobtune.search.story.progress import Progress
 from knobtune.search.story.summary import best_label, study_summary
-from knobtune.search.study import loop, queue, survival, warmstart
+from knobtune.search.study import loop, queue, scaling, survival, warmstart
 from knobtune.search.study.confirm import confirm
 from knobtune.search.study.definition import Definition
 from knobtune.search.study.diagnose import diagnose_study, undiagnosable
@@ -383,6 +383,8 @@ def _confirm_and_diagnose(study: optuna.Study, plan: Plan, err: TextIO, confirm_
     if confirm_winners and plan.definition.confirm.top_k > 0 and results.confirmation(study) is None:
         confirm(study, plan, err)
         notes.publish(study, url, "after the confirmation")
+        did = True
+    if scaling.measure_study(study, plan, err) is not None:
         did = True
     winner = results.best(study)
     done = StudyRecord.of(study).diagnosis or {}

@@ -129,7 +129,13 @@ class Tuned(TunedBase):
                               problems=lambda knobs: K.problems(knobs, device), strict=strict)
         if loaded is None:
             return cls({}, role="default", settings=settings)
-        _, config, knobs = loaded
+        chosen, config, knobs = loaded
+        ranks = int((config.get("group") or {}).get("nproc") or 1)
+        if ranks != distributed.world_size():
+            how = (f"as {ranks} data-parallel ranks ({config['group']['launch']})" if ranks > 1
+                   else "in one process")
+            log.warning(f"{chosen} was measured {how}; this job runs {distributed.world_size()} process(es): the "
+                        f"per-rank settings apply, but its speed may not hold")
         return cls(knobs, role="production", config=config, settings=settings, device=device)
 
     # ----------------------------------------------------------------- the calls a script makes
