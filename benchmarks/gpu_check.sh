@@ -6,7 +6,9 @@
 # channels_last, compile with CUDA graphs, accumulation, TF32, optimizer_impl, dataloader_in_order,
 # expandable_segments), then the winner exported, short GPU-sized digits-resnet and charlm studies
 # (each trial's line says whether its child was forked from the warm server; the confirmed speedup),
-# the own-loop script in production, and a 2-trial --jobs auto run (one GPU per trial, read back).
+# the own-loop script in production, a 2-trial --jobs auto run (one GPU per trial, read back), and
+# with two or more GPUs a data-parallel study (nproc = "auto": NCCL, the DDP knobs with bf16
+# compression) and its winner under torchrun (skipped, and said so, with one GPU).
 # Prints what it measured. Budget: about 10 minutes.
 #
 #   benchmarks/gpu_check.sh            # with knobtune installed (make install), or
@@ -101,3 +103,30 @@ for t in study.trials:
     if "outcome" in a:
         print(f"#{t.number} {a['outcome']:<8} share {a.get('partition')}  child read back {a.get('placement')}")
 PY
+echo "== data-parallel trials: [study] nproc = \"auto\" (one rank per GPU, NCCL), then the winner under torchrun"
+gpus=$("$PY" -c "import torch; print(torch.cuda.device_count())")
+if [ "${gpus:-0}" -gt 1 ]; then
+  sed -e 's/^name = "gpu-digits-cnn"/name = "gpu-ddp"\nnproc = "auto"/' -e 's/^trials = 10/trials = 4/' \
+    -e 's/^compile = .*/compile = ["off"]\nddp_comm_hook = ["none", "fp16", "bf16"]\nddp_bucket_cap_mb = [5, 25, 100]/' \
+    benchmarks/gpu-digits-cnn.toml > "$work/gpu-ddp.toml"
+  timeout 240 "$PY" -m knobtune run "$work/gpu-ddp.toml" --storage "sqlite:///$work/ddp.db" --no-diagnose \
+    --artifacts none || true
+  "$PY" - "$work/ddp.db" <<'PY'
+import sys, optuna
+optuna.logging.set_verbosity(optuna.logging.WARNING)
+study = optuna.load_study(study_name="gpu-ddp", storage=f"sqlite:///{sys.argv[1]}")
+print("study partition:", study.user_attrs.get("partition"), "scaling:", study.user_attrs.get("scaling"))
+for t in study.trials:
+    a = t.user_attrs
+    if "outcome" in a:
+        g = a.get("group") or {}
+        ranks = [(r["rank"], round(r["samples_per_second"] or 0), r["placement"]) for r in g.get("ranks", [])]
+        print(f"#{t.number} {a['outcome']:<8} {a.get('samples_per_second') or 0:>10,.0f} samples/s  backend "
+              f"{g.get('backend')} slowest {g.get('slowest_rank')} ranks {ranks}  {a.get('failure') or ''}")
+PY
+  timeout 60 "$PY" -m knobtune export gpu-ddp --storage "sqlite:///$work/ddp.db" -o "$work/ddp.json" \
+    && KNOBTUNE_CONFIG="$work/ddp.json" timeout 120 "$PY" -m torch.distributed.run --standalone \
+      --nproc_per_node "$gpus" studies/own_loop_pytorch.py --epochs 2 || true
+else
+  echo "skipped: $gpus GPU visible (data-parallel trials need two or more)"
+fi
