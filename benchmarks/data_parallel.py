@@ -5,8 +5,9 @@
    default settings, the script's loader), and the scaling figure the study reports.
 2. The winner against the winner with DistributedDataParallel's default settings, interleaved
    (what the DDP knobs alone buy).
-3. Scaling: the baseline as 2 ranks against one rank alone on one rank's core (the same per-rank
-   configuration), interleaved: the group's samples/s over one rank's, and the efficiency (over 2x).
+3. Scaling: the baseline as 2 ranks and as one rank alone on one rank's core (the same per-rank
+   configuration), back to back as the study measures it, repeated: the group's samples/s over one
+   rank's, and the efficiency (that over 2).
 
 On a CPU the figures say what gloo over loopback and two cores sharing caches and memory bandwidth
 cost; they say nothing about NCCL over NVLink, where bucket size and compression matter differently.
@@ -15,19 +16,15 @@ cost; they say nothing about NCCL over NVLink, where bucket size and compression
 """
 from __future__ import annotations
 
-import statistics
 import sys
 import tempfile
-from dataclasses import replace
 from pathlib import Path
-from typing import Any
 
 from knobtune.search.launch import partition
 from knobtune.search.launch.probe import probe
-from knobtune.search.launch.runner import run_child
 from knobtune.search.storage.record import StudyRecord
 from knobtune.search.story import results
-from knobtune.search.study import definition
+from knobtune.search.study import definition, scaling
 from knobtune.search.study.objective import Plan
 from knobtune.spaces import for_framework
 from knobtune.spaces.pytorch import DDP_KNOBS
@@ -56,21 +53,6 @@ def group_plan(text: str) -> Plan:
     ctx = {"hardware": info["fingerprint"]["hardware"], "workload": info["workload"]}
     space = for_framework("pytorch")
     return Plan(d, space, space.offer(ctx, d.space, d.baseline), ctx, ".", whole, nproc=2)
-
-
-def alone_and_together(plan: Plan, params: dict[str, Any], repeats: int) -> tuple[list[float], list[float]]:
-    """``params`` as 2 ranks and as one rank alone, interleaved ``repeats`` times (samples/s)."""
-    values = {**plan.space.defaults(plan.ctx, plan.definition.baseline), **params}
-    knobs = {k: r.value for k, r in plan.space.resolve(values, plan.offer, plan.ctx).items()}
-    rates: dict[bool, list[float]] = {False: [], True: []}
-    for r in range(repeats):
-        for solo in (False, True):
-            child = run_child("pytorch", "burst", replace(plan.request(knobs), solo=solo), 300, placement=plan.placement)
-            rate = child.result.samples_per_second
-            print(f"  {'1 rank ' if solo else '2 ranks'}[{r}] {child.outcome:<7} {rate or 0:>9,.0f} samples/s", flush=True)
-            if rate:
-                rates[solo].append(rate)
-    return rates[False], rates[True]
 
 
 def main() -> int:
@@ -110,10 +92,15 @@ def main() -> int:
     print(f"winner / DDP defaults: {median(ratios):.2f}x (rounds {', '.join(f'{r:.2f}' for r in ratios)})")
     base = plan.space.baseline_params(plan.offer, plan.ctx, plan.definition.baseline)
     print(f"3. the baseline as 2 ranks and as 1 rank alone, {args.repeats} interleaved rounds", flush=True)
-    together, alone = alone_and_together(plan, base, args.repeats)
-    pairs = [t / a for t, a in zip(together, alone)]
+    rounds = []
+    for r in range(args.repeats):
+        figure = scaling.paired(plan, base)  # as the study measures it: the group, then one rank alone
+        print(f"  [{r}] {figure}", flush=True)
+        if "speedup" in figure:
+            rounds.append(figure)
+    pairs = [f["speedup"] for f in rounds]
     print(f"2 ranks / 1 rank: {median(pairs):.2f}x (rounds {', '.join(f'{p:.2f}' for p in pairs)}); "
-          f"scaling efficiency {median(pairs) / 2:.0%}; 1 rank {statistics.median(alone):,.0f} samples/s")
+          f"scaling efficiency {median(pairs) / 2:.0%}; 1 rank {median(f['one_rank'] for f in rounds):,.0f} samples/s")
     return 0
 
 

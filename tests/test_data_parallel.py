@@ -93,6 +93,11 @@ def test_a_builtin_study_measures_each_trial_as_one_group_of_ranks(tmp_path: Pat
     assert knobs["ddp_bucket_cap_mb"].value == 5 and knobs["ddp_comm_hook"].value == "fp16"
     assert all(knobs[k].applied and knobs[k].why is None for k in DDP_KNOBS if k != "ddp_broadcast_buffers")
     assert "no buffers" in knobs["ddp_broadcast_buffers"].why  # the MLP has none
+    scaling = study.user_attrs["scaling"]  # the group and one rank alone, back to back
+    assert scaling["nproc"] == 2 and scaling["winner_trial"] in (0, 1)
+    assert scaling["baseline"]["efficiency"] == pytest.approx(
+        scaling["baseline"]["group"] / (2 * scaling["baseline"]["one_rank"]))
+    assert "scaling baseline: 2 ranks run" in proc.stdout and "one rank alone, back to back" in proc.stdout
     share = study.user_attrs["partition"]
     assert share["nproc"] == 2 and share["cores_per_rank"] >= 1
 

@@ -17,7 +17,7 @@ def scaling_line(label: str, scaling: dict[str, Any], nproc: int) -> str:
     """A data-parallel study's scaling figure for one configuration (search/study/scaling.py)."""
     if "error" in scaling:
         return f"  {label}: no scaling figure (one rank alone: {scaling['error']})"
-    return (f"  {label}: {nproc} ranks run {scaling['speedup']:.2f}x one rank alone "
+    return (f"  {label}: {nproc} ranks run {scaling['speedup']:.2f}x one rank alone, back to back "
             f"({100 * scaling['efficiency']:.0f}% scaling efficiency; one rank {rate(scaling['one_rank'])} samples/s)")
 
 
