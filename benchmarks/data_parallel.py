@@ -91,7 +91,7 @@ def main() -> int:
     ratios = [w / d for w, d in zip(rates["winner"], rates["ddp-default"])]
     print(f"winner / DDP defaults: {median(ratios):.2f}x (rounds {', '.join(f'{r:.2f}' for r in ratios)})")
     base = plan.space.baseline_params(plan.offer, plan.ctx, plan.definition.baseline)
-    print(f"3. the baseline as 2 ranks and as 1 rank alone, {args.repeats} interleaved rounds", flush=True)
+    print(f"3. the baseline as 2 ranks and as 1 rank alone, back to back, {args.repeats} times", flush=True)
     rounds = []
     for r in range(args.repeats):
         figure = scaling.paired(plan, base)  # as the study measures it: the group, then one rank alone
