@@ -70,7 +70,8 @@ def main() -> int:
         winner = results.best(study)
         if confirmed.get("speedup"):
             low, high = confirmed["speedup_range"]
-            print(f"   {wall:.0f} s; confirmed: trial #{confirmed['winner']} is {confirmed['speedup']:.2f}x the baseline "
+            print(f"   {wall:.0f} s; confirmed: trial #{confirmed['winner']} is {confirmed['speedup']:.2f}x the "
+                  f"baseline "
                   f"(paired median; range {low:.2f}x-{high:.2f}x)")
         else:
             close = confirmed.get("runner_up") or {}

@@ -338,7 +338,8 @@ def script(shown: Shown) -> str:
         args += shown.lines("num_workers", "prefetch_factor", "persistent_workers", "dataloader_in_order").code
     args += shown.lines("pin_memory").code
     out += ["", f"train_loader = DataLoader(train_set, {', '.join(args)})", "", "model = model.to(device)",
-            *shown.lines("channels_last").code, *ddp, *shown.lines("compile").code, "", *shown.lines("optimizer_impl").code,
+            *shown.lines("channels_last").code, *ddp, *shown.lines("compile").code, "",
+            *shown.lines("optimizer_impl").code,
             *shown.learning_rate("for group in optimizer.param_groups:\n    group['lr'] = {lr}"),
             *shown.lines("amp").code]
     trained = "model" if shown.value("compile", "off") == "off" else "trained"

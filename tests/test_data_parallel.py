@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import json
 import os
-import signal
 import subprocess
 import sys
 from pathlib import Path
@@ -17,7 +16,7 @@ from knobtune.search.storage.record import TrialRecord
 from knobtune.spaces.pytorch import DDP_KNOBS
 from knobtune.trainers.common.wire import Burst, Request
 
-from conftest import FAST, TINY_BURST, WORKLOADS, knobtune, printed_json, script_study, stored, study_file
+from conftest import FAST, TINY_BURST, WORKLOADS, knobtune, script_study, stored, study_file
 
 SCRIPT = WORKLOADS / "kt_script.py"
 PHYSICAL = len(partition.physical_groups(partition.machine_cores()))

@@ -107,7 +107,8 @@ def plan(jobs: int, cores: list[int], gpus: list[str], groups: list[tuple[int, .
         what = (f"{len(cores)} usable core(s) ({', '.join(map(str, cores))})" if len(groups) == len(cores) else
                 f"{len(groups)} physical core(s) ({' '.join('+'.join(map(str, g)) for g in groups)}: hyperthreads of "
                 f"one core stay together)")
-        each = f"each trial needs {nproc} (one per rank, nproc = {nproc})" if nproc > 1 else "each trial needs at least one"
+        each = (f"each trial needs {nproc} (one per rank, nproc = {nproc})" if nproc > 1
+                else "each trial needs at least one")
         raise UserError(f"--jobs {jobs}: this machine has {what}; {each}")
     shares = rank_shares(cores, jobs, groups)
     return [Partition(i, shares[i], ",".join(gpus[i * nproc:(i + 1) * nproc]) if gpus else None)

@@ -266,8 +266,9 @@ def parse(text: str, source: str = "<string>", default_name: str | None = None,
     _check_range(nproc == "auto" or (isinstance(nproc, int) and nproc >= 1), where, "[study] nproc",
                  "an integer >= 1 (ranks per trial) or \"auto\" (one per visible GPU)", nproc)
     if nproc != 1 and framework != "pytorch":
-        raise UserError(f"{where}: [study] nproc = {nproc!r}: data-parallel trials are PyTorch's (DistributedDataParallel) "
-                        f"for now; a {framework} study runs one process per trial (nproc = 1)")
+        raise UserError(f"{where}: [study] nproc = {nproc!r}: data-parallel trials are PyTorch's "
+                        f"(DistributedDataParallel) for now; a {framework} study runs one process per trial "
+                        f"(nproc = 1)")
     if nproc != 1 and objective == "time-to-accuracy":
         raise UserError(f"{where}: objective = \"time-to-accuracy\" evaluates between windows in one process; a "
                         f"data-parallel trial (nproc = {nproc!r}) is measured for throughput or pareto")

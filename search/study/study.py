@@ -213,7 +213,8 @@ def _share(slots: list[Partition | None], nproc: int = 1) -> dict[str, Any]:
     if nproc > 1:
         per_rank = len(first.cores) // nproc
         out.update(nproc=nproc, cores_per_rank=per_rank,
-                   share=out["share"] + f", {nproc} ranks of {per_rank} core(s)" + (" and one GPU each" if gpus else ""))
+                   share=out["share"] + f", {nproc} ranks of {per_rank} core(s)"
+                   + (" and one GPU each" if gpus else ""))
     return out
 
 
@@ -227,7 +228,7 @@ def _partition(definition: Definition, info: dict[str, Any], jobs_option: str | 
     nproc = partition.group_size(definition.study.nproc, gpus, groups)
     if definition.study.nproc == "auto":
         err.write(f"knobtune: nproc = \"auto\": {nproc} rank(s) per trial"
-                  + (f", one per visible GPU\n" if gpus else " (no GPU here)\n"))
+                  + (", one per visible GPU\n" if gpus else " (no GPU here)\n"))
     jobs = partition.jobs_count(jobs_option, gpus, len(groups), nproc)
     if jobs == 1 and nproc == 1:
         return [None], info, 1
@@ -315,8 +316,8 @@ class _StudyRun:
             f"knobtune: study {name!r} on {redact(url)} ({'new' if created else f'{verb}, {done} trials done'}); "
             f"{wl['name']}: {wl['parameters']:,} parameters, {wl['train_samples'] or 'an unknown number of'} training "
             f"samples; {fingerprint['hardware']['device']}, "
-            + (f"{plan.nproc} ranks of {fingerprint['hardware']['usable_cores']} usable core(s) each\n" if plan.nproc > 1
-               else f"{fingerprint['hardware']['usable_cores']} usable cores\n")
+            + (f"{plan.nproc} ranks of {fingerprint['hardware']['usable_cores']} usable core(s) each\n"
+               if plan.nproc > 1 else f"{fingerprint['hardware']['usable_cores']} usable cores\n")
         )
         if shared:
             err.write(f"knobtune: worker {self.worker}: heartbeat every {shared.heartbeat_s} s; another worker's trial "

@@ -47,11 +47,13 @@ def describe_script(request: Request) -> dict[str, Any]:
         except Exception:  # an IterableDataset, or indexing that needs more than an int
             sample = None
     if request.nproc > 1 and "prepare" not in kt.used:
-        raise WorkloadError(f"the script never calls kt.prepare(model): a data-parallel study (nproc = {request.nproc}) "
-                            f"needs it to wrap the model in DistributedDataParallel with the trial's knobs")
+        raise WorkloadError(f"the script never calls kt.prepare(model): a data-parallel study "
+                            f"(nproc = {request.nproc}) needs it to wrap the model in DistributedDataParallel with "
+                            f"the trial's knobs")
     if request.nproc > 1 and kt.integration:
-        raise WorkloadError(f"a data-parallel study (nproc = {request.nproc}) of a script trained by {kt.integration}'s "
-                            f"own loop is not supported yet: tune it with nproc = 1, or train with kt.batches")
+        raise WorkloadError(f"a data-parallel study (nproc = {request.nproc}) of a script trained by "
+                            f"{kt.integration}'s own loop is not supported yet: tune it with nproc = 1, or train "
+                            f"with kt.batches")
     return {
         **_group(request, kt.device, models),
         "name": Path(request.script).name,

@@ -76,7 +76,8 @@ class Driver(roles.Driver):
                shuffle: bool) -> DataLoader:
         """The training DataLoader (``arguments``: the script's own, ``loader_args``: with the knobs')."""
         if distributed.active() and _shardable(dataset, arguments):
-            loader_args["sampler"] = DistributedSampler(dataset, distributed.world_size(), distributed.rank(), shuffle=shuffle)
+            loader_args["sampler"] = DistributedSampler(dataset, distributed.world_size(), distributed.rank(),
+                                                        shuffle=shuffle)
         elif shuffle and not isinstance(dataset, IterableDataset):
             loader_args["shuffle"] = True
         return make_loader(dataset, loader_args)
