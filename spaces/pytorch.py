@@ -123,6 +123,16 @@ def _no_group(ctx: Context) -> str | None:
     return None if _group(ctx) else "a one-process trial has no DistributedDataParallel ([study] nproc = 1)"
 
 
+def _no_nccl(ctx: Context) -> str | None:
+    return _no_group(ctx) or (None if _group(ctx).get("backend") == "nccl" else
+                              f"the {_group(ctx).get('backend')} backend is not NCCL (NCCL runs data-parallel CUDA jobs)")
+
+
+def _nccl_env(variable: str) -> Callable[[Any], Lines]:
+    return lambda v: Lines(env=(f"os.environ['{variable}'] = {v!r}  # before the process group starts",)) \
+        if v != "default" else Lines()
+
+
 def _no_buffers(ctx: Context) -> str | None:
     return _no_group(ctx) or (None if ctx.get("workload", {}).get("buffers", 1) else "the model has no buffers")
 
@@ -313,6 +323,13 @@ KNOBS = (
     Knob("ddp_comm_hook", str, "none", "gradient compression before the all-reduce: none, fp16 or bf16",
          choices=_comm_hooks, unavailable=_no_group, value_unavailable=_comm_hook_value,
          check=one_of("none", "fp16", "bf16"), applied_by="prepare"),
+    # NCCL's own choices, searched only where NCCL runs (set in the rank before its process group starts)
+    Knob("nccl_algo", str, "default", "NCCL_ALGO: the all-reduce algorithm (default: NCCL's own choice per size)",
+         choices=lambda ctx: ["default", "Ring", "Tree"], unavailable=_no_nccl,
+         check=one_of("default", "Ring", "Tree"), lines=_nccl_env("NCCL_ALGO")),
+    Knob("nccl_proto", str, "default", "NCCL_PROTO: the protocol (default: NCCL's own choice per size)",
+         choices=lambda ctx: ["default", "Simple", "LL", "LL128"], unavailable=_no_nccl,
+         check=one_of("default", "Simple", "LL", "LL128"), lines=_nccl_env("NCCL_PROTO")),
     Knob("expandable_segments", bool, False,
          "CUDA caching allocator expandable_segments (PYTORCH_CUDA_ALLOC_CONF): less fragmentation",
          choices=lambda ctx: [False, True], unavailable=_no_cuda,
@@ -325,7 +342,7 @@ KNOBS = (
 def script(shown: Shown) -> str:
     """The export snippet: a PyTorch training loop with the shown knobs' lines in their places
     (amp, accumulation_steps, compile, pin_memory and channels_last shape the loop itself)."""
-    setup = shown.lines("expandable_segments", "intra_op_threads", "cudnn_benchmark", "cudnn_deterministic",
+    setup = shown.lines("expandable_segments", "nccl_algo", "nccl_proto", "intra_op_threads", "cudnn_benchmark", "cudnn_deterministic",
                         "matmul_precision")
     ddp = _ddp_lines(shown)
     out = ["import torch", "from torch.utils.data import DataLoader", "", *setup.code]

@@ -23,7 +23,8 @@ def test_probe_on_cpu_offers_no_cuda_knobs():
 
     offer = for_framework("pytorch").offer({"hardware": hw, "workload": child.result.workload}, {}, {})
     assert set(offer.unavailable) == {"pin_memory", "cudnn_benchmark", "cudnn_deterministic", "matmul_precision",
-                                      "expandable_segments", "group_by_length", *DDP_KNOBS}
+                                      "expandable_segments", "group_by_length", *DDP_KNOBS, "nccl_algo",
+                                      "nccl_proto"}
     assert "CUDA" in offer.unavailable["expandable_segments"]
     assert "fp16" not in offer.choices["amp"] and "channels_last" in offer.choices
     # the probe stepped the workload's Adam with each implementation on this CPU (torch 2.13 has fused CPU Adam)

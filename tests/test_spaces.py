@@ -33,8 +33,27 @@ def test_cuda_only_knobs_are_not_offered_on_cpu_and_say_why():
 def test_cuda_offers_everything():
     offer = SPACE.offer(CUDA, {}, {})
     # a built-in workload has no Trainer to group batches; one process has no DistributedDataParallel
-    assert set(offer.unavailable) == {"group_by_length", *DDP_KNOBS}
-    assert all("nproc" in offer.unavailable[k] for k in DDP_KNOBS)
+    assert set(offer.unavailable) == {"group_by_length", *DDP_KNOBS, "nccl_algo", "nccl_proto"}
+    assert all("nproc" in offer.unavailable[k] for k in (*DDP_KNOBS, "nccl_algo"))
+
+
+def test_a_data_parallel_study_on_cuda_searches_ddp_and_nccls_settings_and_exports_them():
+    group = {"distributed": {"nproc": 8, "backend": "nccl", "comm_hooks": ["none", "fp16", "bf16"]}, "buffers": 0}
+    ctx = {**CUDA, "workload": {**CUDA["workload"], **group}}
+    offer = SPACE.offer(ctx, {}, {})
+    assert offer.choices["ddp_comm_hook"] == ["none", "fp16", "bf16"]
+    assert offer.choices["nccl_algo"] == ["default", "Ring", "Tree"]
+    assert "no buffers" in offer.unavailable["ddp_broadcast_buffers"]
+    gloo = {**ctx, "workload": {**ctx["workload"], "distributed": {**group["distributed"], "backend": "gloo"}}}
+    assert "is not NCCL" in SPACE.offer(gloo, {}, {}).unavailable["nccl_proto"]
+    from knobtune.spaces.knobs import Shown
+
+    knobs = {**SPACE.defaults(ctx), "nccl_algo": "Tree", "ddp_bucket_cap_mb": 100, "ddp_comm_hook": "bf16"}
+    script = SPACE.script(Shown(SPACE, knobs, set(), lambda setter: []))
+    assert "os.environ['NCCL_ALGO'] = 'Tree'  # before the process group starts" in script
+    assert script.index("NCCL_ALGO") < script.index("init_process_group")
+    assert "bucket_cap_mb=100" in script and "default_hooks.bf16_compress_hook" in script
+    compile(script, "snippet.py", "exec")
     assert offer.choices["amp"] == ["off", "bf16", "fp16"]
     assert offer.choices["compile"] == ["off", "default", "reduce-overhead", "max-autotune"]
     assert offer.choices["num_workers"] == [0, 1, 2, 4, 8, 16]

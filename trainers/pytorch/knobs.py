@@ -244,6 +244,21 @@ class Trained:
     ddp: Any = None           # the DistributedDataParallel module kt.prepare made (a data-parallel rank)
 
 
+def _set_nccl(variable: str) -> Callable[[Any, Trained], None]:
+    """An NCCL setting, in the environment NCCL reads when the process group starts (kt.prepare
+    starts it, after the Tuned that applied this): only in a CUDA rank of a data-parallel job."""
+    def apply(value: Any, t: Trained) -> None:
+        if value != "default" and t.device.type == "cuda" and int(os.environ.get("WORLD_SIZE", "1") or 1) > 1:
+            os.environ[variable] = str(value)
+
+    return apply
+
+
+def _nccl_used(variable: str) -> Callable[[Trained], Any]:
+    """Read back from the environment NCCL read when the process group started (UNREAD without one)."""
+    return lambda t: UNREAD if t.ddp is None or t.device.type != "cuda" else os.environ.get(variable, "default")
+
+
 def _from_ddp(name: str) -> Callable[[Trained], Any]:
     def read(t: Trained) -> Any:
         if t.ddp is None:
@@ -404,5 +419,7 @@ HANDLERS = Handlers(SPACE, {
     "group_by_length": Handling(read=lambda t: UNREAD if t.loader is None
                                 else bool(getattr(t.loader, "grouped_by_length", False))),
     **{name: Handling(read=_from_ddp(name)) for name in DDP_KNOBS},
+    "nccl_algo": Handling(environ=_set_nccl("NCCL_ALGO"), read=_nccl_used("NCCL_ALGO")),
+    "nccl_proto": Handling(environ=_set_nccl("NCCL_PROTO"), read=_nccl_used("NCCL_PROTO")),
     "expandable_segments": Handling(environ=_set_allocator, read=_expandable_segments_used),
 })
