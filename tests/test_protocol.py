@@ -170,3 +170,15 @@ def test_no_warm_up_settles_from_the_first_step():
     schedule = make_schedule(Burst(train_samples=2000, warmup_samples=0, windows=2), 100, read_ahead=2)
     record = _drive(schedule, drained=lambda: None, clock=FakeClock())
     assert record.warmup_samples == 0 and record.settle_samples == 200 and len(record.windows) == 2
+
+
+def test_a_data_parallel_trials_ranks_read_disjoint_equal_shards_of_the_same_seeded_order():
+    from knobtune.trainers.pytorch.data import SeededSampler
+
+    whole = list(SeededSampler(10, seed=3))
+    shards = [list(SeededSampler(10, seed=3, rank=r, ranks=3)) for r in range(3)]
+    assert [len(s) for s in shards] == [3, 3, 3]  # the tail that does not divide is left out, on every rank
+    assert [int(i) for i in shards[1]] == [int(i) for i in whole[1:9:3]]  # every 3rd draw, from its own
+    assert len({int(i) for s in shards for i in s}) == 9
+    # each draw keeps the augmentation seed it has in the one-process order
+    assert [i.seed for i in shards[2]] == [i.seed for i in whole[2:9:3]]

@@ -219,9 +219,12 @@ class TrialDriver(roles.Measuring, Driver):
         group = distributed.active()
         if group and not _shardable(dataset, arguments):
             raise WorkloadError(_unsharded(dataset, arguments))
-        if (shuffle or group) and not iterable and "sampler" not in arguments and "batch_sampler" not in arguments:
+        if shuffle and not iterable and "sampler" not in arguments and "batch_sampler" not in arguments:
             # order and augmentation independent of num_workers; in a group, this rank's shard of the order
             loader_args["sampler"] = SeededSampler(len(dataset), seed, distributed.rank(), distributed.world_size())
+        elif group:  # the dataset's own order, every world_size-th sample from this rank's
+            loader_args["sampler"] = DistributedSampler(dataset, distributed.world_size(), distributed.rank(),
+                                                        shuffle=False, drop_last=True)
         elif shuffle and not iterable:
             loader_args["shuffle"] = True
         # the workers' base seed comes from this generator; without it the loader draws it from
