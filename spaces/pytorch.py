@@ -124,8 +124,9 @@ def _no_group(ctx: Context) -> str | None:
 
 
 def _no_nccl(ctx: Context) -> str | None:
-    return _no_group(ctx) or (None if _group(ctx).get("backend") == "nccl" else
-                              f"the {_group(ctx).get('backend')} backend is not NCCL (NCCL runs data-parallel CUDA jobs)")
+    backend = _group(ctx).get("backend")
+    return _no_group(ctx) or (None if backend == "nccl" else
+                              f"the {backend} backend is not NCCL (NCCL runs data-parallel CUDA jobs)")
 
 
 def _nccl_env(variable: str) -> Callable[[Any], Lines]:
@@ -342,8 +343,8 @@ KNOBS = (
 def script(shown: Shown) -> str:
     """The export snippet: a PyTorch training loop with the shown knobs' lines in their places
     (amp, accumulation_steps, compile, pin_memory and channels_last shape the loop itself)."""
-    setup = shown.lines("expandable_segments", "nccl_algo", "nccl_proto", "intra_op_threads", "cudnn_benchmark", "cudnn_deterministic",
-                        "matmul_precision")
+    setup = shown.lines("expandable_segments", "nccl_algo", "nccl_proto", "intra_op_threads", "cudnn_benchmark",
+                        "cudnn_deterministic", "matmul_precision")
     ddp = _ddp_lines(shown)
     out = ["import torch", "from torch.utils.data import DataLoader", "", *setup.code]
     if ddp:  # a data-parallel winner: every rank runs this script (torchrun sets RANK, LOCAL_RANK, WORLD_SIZE)

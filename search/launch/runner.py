@@ -23,6 +23,7 @@ from typing import Any, Callable
 
 from knobtune.search.launch import forkserver
 from knobtune.search.launch.partition import Partition
+from knobtune.trainers.common.errors import KILLED_UNASKED
 from knobtune.trainers.common.wire import Request, Result
 
 CHILD_OUTCOMES = ("ok", "nan", "oom", "invalid")
@@ -43,6 +44,10 @@ class ChildResult:
     returncode: int | None = None
     pgid: int | None = None
     output_tail: str = ""
+
+    def reason(self) -> str:
+        """The outcome and the first line of the failure: why it has no measurement, in one line."""
+        return f"{self.outcome}: {self.failure.splitlines()[0] if self.failure else ''}"
 
 
 def group_members(pgid: int) -> list[int]:
@@ -140,7 +145,7 @@ def classify(returncode: int | None, timed_out: bool, result: Result, tail: str,
     if returncode is not None and returncode < 0:
         sig = -returncode
         if sig == signal.SIGKILL:
-            return "oom", "killed by SIGKILL that knobtune did not send (most likely the kernel's out-of-memory killer)"
+            return "oom", KILLED_UNASKED
         return "crash", f"killed by {_signal_name(sig)}" + (f"; last output:\n{tail}" if tail else "")
     reason = f"exited with status {returncode}" if returncode else "exited without a result"
     return "crash", reason + (f"; last output:\n{tail}" if tail else "")

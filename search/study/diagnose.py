@@ -34,7 +34,7 @@ def ceilings(plan: Plan, params: dict[str, Any]) -> dict[str, Any]:
     child = run_child(plan.definition.study.framework, "diagnose", request, plan.definition.burst.timeout_s * 2,
                       placement=plan.placement)
     if child.outcome != "ok":
-        return {"error": f"{child.outcome}: {(child.failure or '').splitlines()[0] if child.failure else ''}"}
+        return {"error": child.reason()}
     result = child.result
     # a data-parallel study's diagnosis runs on one rank alone: its ceilings, times the ranks, are the group's
     n = plan.nproc

@@ -25,7 +25,7 @@ def _rate(plan: Plan, knobs: dict[str, Any], solo: bool) -> tuple[float | None, 
     child = run_child(plan.definition.study.framework, "burst", request, plan.definition.burst.timeout_s,
                       placement=plan.placement)
     if child.outcome != "ok" or child.result.samples_per_second is None:
-        return None, f"{child.outcome}: {(child.failure or '').splitlines()[0] if child.failure else ''}"
+        return None, child.reason()
     return child.result.samples_per_second, None
 
 

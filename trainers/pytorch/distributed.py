@@ -51,15 +51,19 @@ def backend(on: torch.device) -> str:
     return "nccl" if on.type == "cuda" else "gloo"
 
 
-def start(on: torch.device) -> None:
-    """Join the process group (torchrun's env:// rendezvous) unless the script already did."""
-    if dist.is_initialized():
-        return
+def _available(on: torch.device) -> str:
+    """The backend for ``on``; WorkloadError when this torch does not have it."""
     name = backend(on)
     if not dist.is_backend_available(name):
         raise WorkloadError(f"a data-parallel run on {on.type} needs torch.distributed's {name} backend, which this "
                             f"torch does not have")
-    dist.init_process_group(name, device_id=on if on.type == "cuda" else None)
+    return name
+
+
+def start(on: torch.device) -> None:
+    """Join the process group (torchrun's env:// rendezvous) unless the script already did."""
+    if not dist.is_initialized():
+        dist.init_process_group(_available(on), device_id=on if on.type == "cuda" else None)
 
 
 def _hook(name: str) -> Callable[..., Any]:
@@ -97,10 +101,7 @@ def capabilities(on: torch.device) -> dict[str, Any]:
     """What a data-parallel trial can use here (the probe asks): the backend, and the
     communication hooks it accepts, tried on a one-rank group of a tiny model. Raises
     WorkloadError when the backend cannot start."""
-    name = backend(on)
-    if not dist.is_backend_available(name):
-        raise WorkloadError(f"nproc > 1 on {on.type} needs torch.distributed's {name} backend, which this torch does "
-                            f"not have")
+    name = _available(on)
     started = not dist.is_initialized()
     if started:
         dist.init_process_group(name, store=dist.HashStore(), rank=0, world_size=1)

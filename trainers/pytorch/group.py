@@ -39,7 +39,7 @@ from typing import Callable, Iterable
 
 from knobtune.trainers.common import hostinfo, ranks
 from knobtune.trainers.common.child import write_json
-from knobtune.trainers.common.errors import InvalidKnobs, WorkloadError
+from knobtune.trainers.common.errors import KILLED_UNASKED, InvalidKnobs, WorkloadError
 from knobtune.trainers.common.forkserver import PR_SET_PDEATHSIG, _prctl
 from knobtune.trainers.common.wire import Request, Result
 
@@ -280,9 +280,8 @@ def run(request: Request, role: str, single: Callable[[Request, str], Result], g
             return replace(result, failure=f"rank {rank} of {request.nproc}: {result.failure}; {end.reason()}")
         failed = end.failed
         if failed is not None and failed.status == -signal.SIGKILL:
-            return Result(outcome="oom", failure=f"rank {failed.rank} of {request.nproc} was killed by SIGKILL that "
-                                                 f"knobtune did not send (most likely the kernel's out-of-memory "
-                                                 f"killer); the other ranks were stopped with it")
+            return Result(outcome="oom", failure=f"rank {failed.rank} of {request.nproc} was {KILLED_UNASKED}; the "
+                                                 f"other ranks were stopped with it")
         raise GroupFailed(end.reason() or f"rank(s) {_listed(r for r in range(request.nproc) if r not in results)} "
                                           f"ended without a result")
     from knobtune.trainers.pytorch import distributed

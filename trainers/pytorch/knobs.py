@@ -248,7 +248,9 @@ def _set_nccl(variable: str) -> Callable[[Any, Trained], None]:
     """An NCCL setting, in the environment NCCL reads when the process group starts (kt.prepare
     starts it, after the Tuned that applied this): only in a CUDA rank of a data-parallel job."""
     def apply(value: Any, t: Trained) -> None:
-        if value != "default" and t.device.type == "cuda" and int(os.environ.get("WORLD_SIZE", "1") or 1) > 1:
+        from knobtune.trainers.pytorch import distributed
+
+        if value != "default" and t.device.type == "cuda" and distributed.active():
             os.environ[variable] = str(value)
 
     return apply
