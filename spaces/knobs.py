@@ -320,6 +320,7 @@ class Shown:
     skipped: Collection[str]
     learning_rate: Callable[[str], list[str]]
     cuda: bool = False  # measured on a CUDA device (a library's fields differ there)
+    nproc: int = 1  # measured as a data-parallel group of this many ranks or replicas
 
     def on(self, name: str) -> bool:
         return name in self.knobs and name not in self.skipped

@@ -94,9 +94,77 @@ def _nothing_parallel(values: Any) -> str | None:
 
 def _executions_value(value: Any, ctx: Context) -> str | None:
     """A script's own step (kt.step) runs several steps per call only when its loop hands each batch
-    to the step untouched; the probe's dry run of the loop says when it does not."""
+    to the step untouched; the probe's dry run of the loop says when it does not. Under
+    MirroredStrategy, only with an all-reduce that runs them."""
     why = (ctx.get("workload") or {}).get("step_uses_batch")
-    return why if why and int(value) > 1 else None
+    if why and int(value) > 1:
+        return why
+    multi = _group(ctx).get("multi_step_ops")
+    if multi and int(value) > 1 and all(multi.values()):
+        return f"no all-reduce of MirroredStrategy here runs several steps per call ({next(iter(multi.values()))})"
+    return None
+
+
+def _group(ctx: Context) -> Mapping[str, Any]:
+    """The probe's word on a data-parallel study (``[study] nproc`` > 1): MirroredStrategy's
+    devices, the all-reduces that run here, and why XLA or accumulation cannot; empty for one replica."""
+    return (ctx.get("workload") or {}).get("distributed") or {}
+
+
+def _no_group(ctx: Context) -> str | None:
+    return None if _group(ctx) else "a one-replica trial has no MirroredStrategy ([study] nproc = 1)"
+
+
+CROSS_DEVICE_OPS = ("collective", "reduction_to_one_device", "hierarchical_copy", "nccl")
+
+
+def _ops(ctx: Context) -> list[str]:
+    return list(_group(ctx).get("cross_device_ops") or ["collective"])
+
+
+def _ops_value(value: Any, ctx: Context) -> str | None:
+    if value in _ops(ctx):
+        return None
+    why = (_group(ctx).get("refused_ops") or {}).get(value)
+    return f"MirroredStrategy's {value} all-reduce does not run here" + (f": {why}" if why else "")
+
+
+def _ops_problem(value: Any, knobs: Mapping[str, Any], hw: Mapping[str, Any]) -> str | None:
+    if value == "nccl" and not hw.get("gpu"):
+        return f"cross_device_ops={value!r} all-reduces between GPUs; this process has none"
+    return None
+
+
+def _in_group(what: str, key: str) -> Any:
+    """A value the probe found MirroredStrategy cannot train with here (``key``: its reason)."""
+    def unavailable(value: Any, ctx: Context) -> str | None:
+        why = _group(ctx).get(key)
+        return f"{what} under MirroredStrategy fails here: {why}" if why and value else None
+    return unavailable
+
+
+def _jit_value(value: Any, ctx: Context) -> str | None:
+    return _in_group("XLA (jit_compile=True)", "jit_compile")(value is True, ctx)
+
+
+def _accumulation_value(value: Any, ctx: Context) -> str | None:
+    return _in_group("Keras' gradient accumulation", "accumulation")(int(value) > 1, ctx)
+
+
+def _loop_value(value: Any, ctx: Context) -> str | None:
+    if value == "custom" and _group(ctx):
+        return "knobtune's own @tf.function loop trains one replica; MirroredStrategy trains through model.fit"
+    return None
+
+
+def invalid(values: Mapping[str, Any], ctx: Context) -> str | None:
+    """Why a combination cannot train here: several steps per call with an all-reduce the probe
+    found cannot run them (MirroredStrategy's collective on logical CPU devices)."""
+    steps = int(values.get("steps_per_execution") or 1)
+    ops = values.get("cross_device_ops", "collective")
+    why = (_group(ctx).get("multi_step_ops") or {}).get(ops) if steps > 1 else None
+    return (f"steps_per_execution={steps} with cross_device_ops={ops!r}: MirroredStrategy fails here ({why})"
+            if why else None)
 
 
 def _non_negative(value: Any) -> str | None:
@@ -150,6 +218,7 @@ def _thread_mode_problem(value: Any, knobs: Mapping[str, Any], hw: Mapping[str, 
 KNOBS = (
     batch_size_knob(applied_by="dataset"),
     accumulation_knob("Keras 3 optimizer gradient_accumulation_steps", applied_by="compile",
+                      value_unavailable=_accumulation_value,
                       lines=lambda v: _code(f"optimizer.gradient_accumulation_steps = {int(v)}  # or pass it when "
                                             f"you build the optimizer") if int(v or 1) > 1 else Lines()),
     _pipeline_knob("cycle_length", object, 1, "TFRecord files read at once by interleave (or 'autotune')",
@@ -170,7 +239,7 @@ KNOBS = (
                    if v else Lines()),
     Knob("jit_compile", bool, False, "XLA compilation of the train step (Keras' 'auto': on with a GPU)",
          choices=lambda ctx: [False, True], default_in=lambda ctx: bool(_hw(ctx).get("gpu")),
-         applied_by="compile"),
+         value_unavailable=_jit_value, applied_by="compile"),
     Knob("mixed_precision", str, "float32", "Keras dtype policy; mixed_float16 adds a LossScaleOptimizer",
          choices=_precision_choices, value_unavailable=_precision_value,
          check=one_of("float32", "mixed_bfloat16", "mixed_float16"),
@@ -181,7 +250,7 @@ KNOBS = (
          choices=lambda ctx: [1, 2, 4, 8, 16], check=positive, value_unavailable=_executions_value,
          applied_by="compile"),
     Knob("loop", str, "fit", "Keras model.fit, or a custom loop under @tf.function",
-         choices=lambda ctx: ["fit", "custom"], check=one_of("fit", "custom"),
+         choices=lambda ctx: ["fit", "custom"], check=one_of("fit", "custom"), value_unavailable=_loop_value,
          applied_by="fit",
          lines=lambda v: _code("# the winner was measured with a custom @tf.function training loop, not model.fit")
          if v == "custom" else Lines()),
@@ -210,7 +279,26 @@ KNOBS = (
                    choices=core_counts, value_unavailable=fits_cores("threads"), check=_non_negative,
                    inactive=_nothing_parallel,
                    lines=lambda v: _code(f"options.threading.private_threadpool_size = {int(v)}") if v else Lines()),
+    # Data-parallel trials ([study] nproc > 1): MirroredStrategy's all-reduce (Tuned starts the strategy).
+    Knob("cross_device_ops", str, "collective",
+         "MirroredStrategy's all-reduce of the replicas' gradients: collective (its own: NCCL on GPUs, a ring "
+         "elsewhere), reduction_to_one_device, hierarchical_copy or nccl",
+         choices=_ops, unavailable=_no_group, value_unavailable=_ops_value, check=one_of(*CROSS_DEVICE_OPS),
+         problem=_ops_problem),
 )
+
+_OPS_CLASS = {"reduction_to_one_device": "ReductionToOneDevice", "hierarchical_copy": "HierarchicalCopyAllReduce",
+              "nccl": "NcclAllReduce"}
+
+
+def _strategy_line(shown: Shown) -> list[str]:
+    """A data-parallel winner's MirroredStrategy, with its all-reduce (none for one replica)."""
+    if shown.nproc <= 1:
+        return []
+    ops = shown.value("cross_device_ops", "collective")
+    argument = f"cross_device_ops=tf.distribute.{_OPS_CLASS[ops]}()" if ops in _OPS_CLASS else ""
+    return [f"strategy = tf.distribute.MirroredStrategy({argument})  # measured as {shown.nproc} replicas, one per "
+            f"GPU", "global_batch = batch_size * strategy.num_replicas_in_sync  # batch_size: per replica"]
 
 
 def _pipeline(shown: Shown) -> tuple[Lines, list[str]]:
@@ -235,7 +323,10 @@ def _pipeline(shown: Shown) -> tuple[Lines, list[str]]:
             f"ds = ds.map(parse_fn{parallel('map_parallel_calls')})", *shown.lines("cache").code,
             f"ds = ds.map(augment_fn{parallel('map_parallel_calls')})",
             "ds = ds.shuffle(10_000).repeat()",
-            f"ds = ds.batch({int(shown.knobs['batch_size'])}, drop_remainder=True)", *shown.lines("prefetch").code,
+            *([f"batch_size = {int(shown.knobs['batch_size'])}", *_strategy_line(shown),
+               "ds = ds.batch(global_batch, drop_remainder=True)"] if shown.nproc > 1 else
+              [f"ds = ds.batch({int(shown.knobs['batch_size'])}, drop_remainder=True)"]),
+            *shown.lines("prefetch").code,
             "", *shown.lines("accumulation_steps").code, *shown.learning_rate("optimizer.learning_rate = {lr}")]
     return setup, out
 
@@ -246,8 +337,12 @@ def script(shown: Shown) -> str:
     setup, out = _pipeline(shown)
     jit = bool(shown.value("jit_compile", False))
     spe = int(shown.value("steps_per_execution", 1) or 1)
-    out += [f"model.compile(optimizer=optimizer, loss=loss_fn, jit_compile={jit}, steps_per_execution={spe})",
-            "model.fit(ds, epochs=epochs, steps_per_epoch=steps_per_epoch)", *shown.lines("loop").code]
+    compile_line = f"model.compile(optimizer=optimizer, loss=loss_fn, jit_compile={jit}, steps_per_execution={spe})"
+    if shown.nproc > 1:  # the model, its optimizer and compile under the strategy's scope
+        out += ["with strategy.scope():", "    model = build_model()", f"    {compile_line}"]
+    else:
+        out += [compile_line]
+    out += ["model.fit(ds, epochs=epochs, steps_per_epoch=steps_per_epoch)", *shown.lines("loop").code]
     return shown.source(setup.env, out)
 
 
@@ -296,5 +391,5 @@ def input_variants(ctx: Context) -> dict[str, dict[str, Any]]:
                              "map_parallel_calls": AUTOTUNE, "prefetch": AUTOTUNE}}
 
 
-SPACE = Space("tensorflow", KNOBS, advice=advice, input_variants=input_variants, script=script,
+SPACE = Space("tensorflow", KNOBS, advice=advice, input_variants=input_variants, invalid=invalid, script=script,
               integrations={STEP: step_script})

@@ -150,11 +150,11 @@ def test_nproc_is_a_number_of_ranks_or_auto_and_says_what_it_cannot_do():
     assert parse(HEAD + 'nproc = "auto"\n').study.nproc == "auto"
     assert parse(HEAD).study.nproc == 1 and "nproc" not in parse(HEAD).measurement_key()
     assert parse(HEAD + "nproc = 2\n").measurement_key()["nproc"] == 2  # a resume with another nproc is refused
-    assert error(HEAD + "nproc = 0\n") == ('s.toml: [study] nproc must be an integer >= 1 (ranks per trial) or "auto" '
-                                           '(one per visible GPU), got 0')
+    assert error(HEAD + "nproc = 0\n") == ('s.toml: [study] nproc must be an integer >= 1 (ranks or replicas per '
+                                           'trial) or "auto" (one per visible GPU), got 0')
     assert "got 'many'" in error(HEAD + 'nproc = "many"\n')
     assert "[study] nproc must be an integer >= 1" in error(HEAD + "nproc = true\n")
     assert "evaluates between windows in one process" in error(
         HEAD + 'nproc = 2\nobjective = "time-to-accuracy"\ntarget_accuracy = 0.9\n')
-    tf = '[study]\nframework = "tensorflow"\nworkload = "digits-mlp"\nnproc = 2\n'
-    assert "data-parallel trials are PyTorch's (DistributedDataParallel) for now" in error(tf)
+    tf = parse('[study]\nframework = "tensorflow"\nworkload = "digits-mlp"\nnproc = 2\n').study
+    assert tf.nproc == 2 and tf.members == "replicas"  # MirroredStrategy's, in one process

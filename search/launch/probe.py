@@ -56,10 +56,12 @@ def probe(framework: str, workload: str | None = None, options: dict[str, Any] |
 
 def probe_study(definition: Any, err: Any, placement: Partition | None = None, nproc: int = 1) -> dict[str, Any]:
     """The probe for a study file's framework and workload (or script), announced on ``err``;
-    with ``nproc`` > 1, on one rank's share, and what data-parallel trials can use there."""
+    with ``nproc`` > 1, on one rank's share (TensorFlow: the trial's, its replicas share one process),
+    and what data-parallel trials can use there."""
     cfg = definition.study
     what = cfg.job if cfg.script else f"workload {cfg.workload!r}"
-    share = f"one rank's share of {nproc}" if nproc > 1 else f"partition {placement.index}" if placement else ""
+    share = (f"a trial's share ({nproc} replicas)" if nproc > 1 and cfg.members == "replicas" else
+             f"one rank's share of {nproc}" if nproc > 1 else f"partition {placement.index}" if placement else "")
     where = f" on {share} (cores {','.join(map(str, placement.cores))}" + (
         f", GPU {placement.gpu})" if placement.gpu is not None else ")") if placement is not None else ""
     err.write(f"knobtune: probing {cfg.framework} and {what}{where} ...\n")

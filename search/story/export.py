@@ -110,16 +110,21 @@ def best_config(study: optuna.Study, pick: str | None = None) -> dict[str, Any]:
 
 
 def _group(w: TrialRecord, kept: StudyRecord) -> dict[str, Any]:
-    """A data-parallel winner's ``group`` block: its ranks and backend, how to launch it in production,
-    and its scaling figure; nothing for a one-process study."""
+    """A data-parallel winner's ``group`` block: its ranks and backend (TensorFlow: its strategy and
+    replicas' devices), how to launch it in production, and its scaling figure; nothing for a
+    one-process study."""
     group = w.group or {}
     if not group.get("nproc"):
         return {}
     n = group["nproc"]
     scaling = (kept.scaling or {}).get("winner")
-    return {"group": {"nproc": n, "backend": group.get("backend"),
-                      "launch": f"KNOBTUNE_CONFIG=best.json torchrun --nproc_per_node {n} train.py",
-                      **({"scaling": scaling} if scaling else {})}}
+    if group.get("strategy"):  # TensorFlow: one process, its MirroredStrategy over every visible GPU
+        how = {"strategy": group["strategy"], "devices": group.get("devices"),
+               "launch": "KNOBTUNE_CONFIG=best.json python train.py"}
+    else:
+        how = {"backend": group.get("backend"),
+               "launch": f"KNOBTUNE_CONFIG=best.json torchrun --nproc_per_node {n} train.py"}
+    return {"group": {"nproc": n, **how, **({"scaling": scaling} if scaling else {})}}
 
 
 def _round_rates(confirmed: dict[str, Any], number: int) -> dict[str, Any]:

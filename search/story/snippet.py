@@ -19,7 +19,8 @@ def snippet(doc: dict[str, Any]) -> str:
     space = for_framework(framework)
     shown = Shown(space, doc["knobs"], set(doc.get("not_applied") or {}),
                   lambda setter: _learning_rate(doc, setter),
-                  cuda=bool((doc.get("fingerprint") or {}).get("cuda_available")))
+                  cuda=bool((doc.get("fingerprint") or {}).get("cuda_available")),
+                  nproc=int((doc.get("group") or {}).get("nproc") or 1))
     script = space.integrations.get(doc.get("integration") or "", space.script)
     return _header(doc) + script(shown)
 

@@ -13,12 +13,13 @@ from knobtune.search.story.findings import disqualified
 from knobtune.search.story.progress import rate
 
 
-def scaling_line(label: str, scaling: dict[str, Any], nproc: int) -> str:
+def scaling_line(label: str, scaling: dict[str, Any], nproc: int, members: str = "ranks") -> str:
     """A data-parallel study's scaling figure for one configuration (search/study/scaling.py)."""
+    one = members[:-1]
     if "error" in scaling:
-        return f"  {label}: no scaling figure (one rank alone: {scaling['error']})"
-    return (f"  {label}: {nproc} ranks run {scaling['speedup']:.2f}x one rank alone, back to back "
-            f"({100 * scaling['efficiency']:.0f}% scaling efficiency; one rank {rate(scaling['one_rank'])} samples/s)")
+        return f"  {label}: no scaling figure ({scaling['error']})"
+    return (f"  {label}: {nproc} {members} run {scaling['speedup']:.2f}x one {one} alone, back to back "
+            f"({100 * scaling['efficiency']:.0f}% scaling efficiency; one {one} {rate(scaling['one_rank'])} samples/s)")
 
 
 def diagnosis_line(label: str, diagnosis: dict[str, Any], samples_per_second: float | None) -> str:
@@ -211,8 +212,9 @@ def study_summary(study: optuna.Study, url: str) -> str:
                      f"{100 * kept.section('confirm').get('noise_cv', 0.05):.0f}%")
     scaled = kept.scaling
     if scaled and best is not None and scaled.get("winner_trial") == best.number:
-        lines.append(scaling_line("scaling baseline", scaled["baseline"], scaled["nproc"]))
-        lines.append(scaling_line("scaling winner  ", scaled["winner"], scaled["nproc"]))
+        members = scaled.get("members", "ranks")
+        lines.append(scaling_line("scaling baseline", scaled["baseline"], scaled["nproc"], members))
+        lines.append(scaling_line("scaling winner  ", scaled["winner"], scaled["nproc"], members))
     diagnosis = kept.diagnosis
     if diagnosis and best is not None and diagnosis.get("winner_trial") == best.number:
         lines.append(diagnosis_line("baseline", diagnosis["baseline"], b.samples_per_second))

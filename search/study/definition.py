@@ -37,7 +37,7 @@ class StudySection:
     prune_below: float = 0.5                 # prune a trial whose first windows run under this x best (0: off)
     warm_start: tuple[str, ...] = ()         # earlier studies whose winners and top trials are queued first
     warm_start_top_k: int = 3                # each source's best trials queued after the winners
-    nproc: int | str = 1                     # ranks per trial (data-parallel), or "auto": one per visible GPU
+    nproc: int | str = 1                     # ranks/replicas per trial (data-parallel), or "auto": one per visible GPU
 
     @property
     def job(self) -> str:
@@ -45,6 +45,12 @@ class StudySection:
         if self.script:
             return " ".join(["script", Path(self.script).name, *self.args])
         return self.workload
+
+    @property
+    def members(self) -> str:
+        """A data-parallel trial's members, for messages: PyTorch's ranks (a process each, DDP) or
+        TensorFlow's replicas (MirroredStrategy's devices, in one process)."""
+        return "replicas" if self.framework == "tensorflow" else "ranks"
 
 
 @dataclass(frozen=True)
@@ -151,7 +157,8 @@ _SECTIONS: dict[str, dict[str, tuple[tuple[type, ...], str]]] = {
         "prune_below": (_NUMBER, "a number between 0 and 1 (0 turns pruning off)"),
         "warm_start": ((list,), "an array of names of earlier studies in the same storage"),
         "warm_start_top_k": ((int,), "an integer >= 0 (each source's best trials queued after the winners)"),
-        "nproc": ((int, str), "an integer >= 1 (ranks per trial, data-parallel) or \"auto\" (one per visible GPU)"),
+        "nproc": ((int, str), "an integer >= 1 (data-parallel ranks or replicas per trial) or \"auto\" "
+                              "(one per visible GPU)"),
     },
     "burst": {
         "train_samples": ((int,), "an integer >= 1"),
@@ -264,11 +271,7 @@ def parse(text: str, source: str = "<string>", default_name: str | None = None,
 
     nproc = study.get("nproc", 1)
     _check_range(nproc == "auto" or (isinstance(nproc, int) and nproc >= 1), where, "[study] nproc",
-                 "an integer >= 1 (ranks per trial) or \"auto\" (one per visible GPU)", nproc)
-    if nproc != 1 and framework != "pytorch":
-        raise UserError(f"{where}: [study] nproc = {nproc!r}: data-parallel trials are PyTorch's "
-                        f"(DistributedDataParallel) for now; a {framework} study runs one process per trial "
-                        f"(nproc = 1)")
+                 "an integer >= 1 (ranks or replicas per trial) or \"auto\" (one per visible GPU)", nproc)
     if nproc != 1 and objective == "time-to-accuracy":
         raise UserError(f"{where}: objective = \"time-to-accuracy\" evaluates between windows in one process; a "
                         f"data-parallel trial (nproc = {nproc!r}) is measured for throughput or pareto")

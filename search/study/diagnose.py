@@ -36,12 +36,16 @@ def ceilings(plan: Plan, params: dict[str, Any]) -> dict[str, Any]:
     if child.outcome != "ok":
         return {"error": child.reason()}
     result = child.result
-    # a data-parallel study's diagnosis runs on one rank alone: its ceilings, times the ranks, are the group's
+    # a data-parallel study's diagnosis runs on one rank (replica) alone: its compute ceiling, times the ranks, is
+    # the group's; so is the input ceiling of PyTorch's ranks (a loader each), not of TensorFlow's replicas (one
+    # pipeline feeds them all, and the diagnosis measured it on the trial's whole share)
     n = plan.nproc
-    inputs, compute = result.input_samples_per_second * n, result.compute_samples_per_second * n  # type: ignore[operator]
+    loaders = n if plan.definition.study.members == "ranks" else 1
+    inputs = result.input_samples_per_second * loaders  # type: ignore[operator]
+    compute = result.compute_samples_per_second * n  # type: ignore[operator]
     limit = "input" if inputs < compute else "compute"
     return {"input": inputs, "compute": compute, "bottleneck": limit, **({"ranks": n} if n > 1 else {}),
-            "input_variants": {k: v * n for k, v in (result.input_variants or {}).items()}}
+            "input_variants": {k: v * loaders for k, v in (result.input_variants or {}).items()}}
 
 
 def diagnose_study(study: optuna.Study | None, plan: Plan, baseline_params: dict[str, Any],

@@ -1,11 +1,14 @@
-"""The scaling figure of a data-parallel study: what the extra ranks buy.
+"""The scaling figure of a data-parallel study: what the extra ranks (PyTorch) or replicas
+(TensorFlow's MirroredStrategy) buy.
 
 For the baseline and the winner, the group and one rank alone (``solo``: no group, on one rank's
 share of the trial's cores or GPU, training one rank's part of the burst) run back to back, so that
 both see the machine in the same state (a shared machine's rate drifts by 20 % between minutes: the
 trial's own rate, measured earlier, would not pair). Scaling efficiency = group rate / (nproc x the
 one rank's rate): 1.0 is perfect, less is what communication, synchronisation and shared resources
-(memory bandwidth, a CPU's caches) cost.
+(memory bandwidth, a CPU's caches) cost. A TensorFlow replica alone is the same process on the
+same share without the strategy, training ``batch_size`` per step instead of ``batch_size`` x
+replicas.
 """
 from __future__ import annotations
 
@@ -37,7 +40,8 @@ def paired(plan: Plan, params: dict[str, Any]) -> dict[str, Any]:
     group, failed = _rate(plan, knobs, solo=False)
     alone, failed_alone = _rate(plan, knobs, solo=True)
     if group is None or alone is None:
-        return {"error": f"{'the group' if group is None else 'one rank alone'}: {failed or failed_alone}"}
+        one = f"one {plan.definition.study.members[:-1]} alone"
+        return {"error": f"{'the group' if group is None else one}: {failed or failed_alone}"}
     return {"group": group, "one_rank": alone, "speedup": group / alone, "efficiency": group / (plan.nproc * alone)}
 
 
@@ -50,9 +54,10 @@ def measure_study(study: optuna.Study, plan: Plan, err: TextIO) -> dict[str, Any
     done = StudyRecord.of(study).scaling or {}
     if done.get("winner_trial") == winner.number:
         return done
-    err.write(f"knobtune: scaling: the baseline and the winner as {plan.nproc} ranks and as one rank alone, back to "
-              f"back ...\n")
-    out: dict[str, Any] = {"nproc": plan.nproc, "winner_trial": winner.number}
+    members = plan.definition.study.members
+    err.write(f"knobtune: scaling: the baseline and the winner as {plan.nproc} {members} and as one {members[:-1]} "
+              f"alone, back to back ...\n")
+    out: dict[str, Any] = {"nproc": plan.nproc, "members": members, "winner_trial": winner.number}
     out["baseline"] = paired(plan, dict(base.params))
     out["winner"] = out["baseline"] if winner.number == base.number else paired(plan, dict(winner.params))
     mark_study(study, scaling=out)

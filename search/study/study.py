@@ -199,9 +199,9 @@ def refuse_sqlite_worker(url: str) -> None:
             f"machine, knobtune run --jobs N runs several trials at once")
 
 
-def _share(slots: list[Partition | None], nproc: int = 1) -> dict[str, Any]:
+def _share(slots: list[Partition | None], nproc: int = 1, members: str = "ranks") -> dict[str, Any]:
     """What each trial of the study measured: the whole machine, or one of ``jobs`` equal shares
-    (a data-parallel trial's share divided again between its ranks)."""
+    (a data-parallel trial's share divided again between its ranks, or shared by its replicas)."""
     first = slots[0]
     if first is None:
         return {"jobs": 1, "share": "the whole machine"}
@@ -210,7 +210,9 @@ def _share(slots: list[Partition | None], nproc: int = 1) -> dict[str, Any]:
     out: dict[str, Any] = {"jobs": jobs, "cores_per_trial": len(first.cores), "gpus_per_trial": gpus,
                            "share": (f"1/{jobs} of the machine: " if jobs > 1 else "the machine: ")
                            + f"{len(first.cores)} core(s)" + (f" and {gpus} GPU(s)" if gpus else "")}
-    if nproc > 1:
+    if nproc > 1 and members == "replicas":
+        out.update(nproc=nproc, share=out["share"] + f", {nproc} MirroredStrategy replicas in one process")
+    elif nproc > 1:
         per_rank = len(first.cores) // nproc
         out.update(nproc=nproc, cores_per_rank=per_rank,
                    share=out["share"] + f", {nproc} ranks of {per_rank} core(s)"
@@ -226,8 +228,9 @@ def _partition(definition: Definition, info: dict[str, Any], jobs_option: str | 
     cores = partition.machine_cores()
     groups = partition.physical_groups(cores)
     nproc = partition.group_size(definition.study.nproc, gpus, groups)
+    members = definition.study.members
     if definition.study.nproc == "auto":
-        err.write(f"knobtune: nproc = \"auto\": {nproc} rank(s) per trial"
+        err.write(f"knobtune: nproc = \"auto\": {nproc} {members[:-1]}(s) per trial"
                   + (", one per visible GPU\n" if gpus else " (no GPU here)\n"))
     jobs = partition.jobs_count(jobs_option, gpus, len(groups), nproc)
     if jobs == 1 and nproc == 1:
@@ -243,12 +246,23 @@ def _partition(definition: Definition, info: dict[str, Any], jobs_option: str | 
                   + (" (what one rank of a data-parallel job gets)\n" if nproc == 1 else "\n"))
     if nproc == 1:
         return list(parts), probe_study(definition, err, parts[0]), 1
+    if members == "replicas":  # one process: its pipeline and threads serve every replica, on the whole share
+        err.write(f"knobtune: {nproc} replicas per trial (MirroredStrategy in one process"
+                  + (", one GPU each)\n" if gpus else f", logical CPU devices sharing its {share} core(s))\n"))
+        return list(parts), probe_study(definition, err, parts[0], nproc), nproc
     ranks = partition.rank_shares(list(parts[0].cores), nproc)
     err.write(f"knobtune: {nproc} ranks per trial (data-parallel), each on {len(ranks[0])} core(s)"
               + (" and one GPU" if gpus else "") + "\n")
     first_gpu = parts[0].gpu.split(",")[0] if parts[0].gpu else None
     probed = probe_study(definition, err, Partition(0, ranks[0], first_gpu), nproc)
     return list(parts), probed, nproc
+
+
+def _cores_line(nproc: int, members: str, cores: int) -> str:
+    """The start line's end: what one process of a trial has (a rank's share, or the replicas' process)."""
+    if nproc > 1 and members == "ranks":
+        return f"{nproc} ranks of {cores} usable core(s) each\n"
+    return (f"{nproc} replicas, " if nproc > 1 else "") + f"{cores} usable cores\n"
 
 
 class _StudyRun:
@@ -277,7 +291,7 @@ class _StudyRun:
         with held:
             study, created = load_or_create(self.storage, self.name, self.definition, fingerprint, sampler)
             if created:
-                record.mark_study(study, partition=_share(slots, plan.nproc))
+                record.mark_study(study, partition=_share(slots, plan.nproc, self.definition.study.members))
             if not created and shared is None:
                 stale = _fail_stale(study)
                 if stale:
@@ -316,8 +330,7 @@ class _StudyRun:
             f"knobtune: study {name!r} on {redact(url)} ({'new' if created else f'{verb}, {done} trials done'}); "
             f"{wl['name']}: {wl['parameters']:,} parameters, {wl['train_samples'] or 'an unknown number of'} training "
             f"samples; {fingerprint['hardware']['device']}, "
-            + (f"{plan.nproc} ranks of {fingerprint['hardware']['usable_cores']} usable core(s) each\n"
-               if plan.nproc > 1 else f"{fingerprint['hardware']['usable_cores']} usable cores\n")
+            + _cores_line(plan.nproc, study_cfg.members, fingerprint['hardware']['usable_cores'])
         )
         if shared:
             err.write(f"knobtune: worker {self.worker}: heartbeat every {shared.heartbeat_s} s; another worker's trial "

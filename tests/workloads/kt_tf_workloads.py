@@ -145,3 +145,31 @@ def slow_input(per_sample: float = 0.002, warmup_cost: float = 0.0, batch_size: 
     workload = tiny(train=1437, batch_size=batch_size, build_model=build)
     workload.parse_fn = slow_parse
     return workload
+
+
+class ExplodeOnOneReplica(keras.layers.Layer):
+    """Identity until ``after`` training calls, then inf on MirroredStrategy's second replica only
+    (the first replica's outputs stay finite for that step)."""
+
+    def __init__(self, after: int, **kwargs) -> None:
+        super().__init__(**kwargs)
+        self.after = after
+
+    def build(self, input_shape) -> None:
+        self.calls = self.add_weight(shape=(), initializer="zeros", dtype="int64", trainable=False, name="calls",
+                                     aggregation="only_first_replica")
+
+    def call(self, x, training=None):
+        if not training:
+            return x
+        self.calls.assign_add(1)
+        replica = tf.distribute.get_replica_context().replica_id_in_sync_group
+        factor = tf.where((self.calls > self.after) & tf.equal(replica, 1), float("inf"), 1.0)
+        return x * tf.cast(factor, x.dtype)
+
+
+def diverge_on_one_replica(after: int = 5) -> Workload:
+    def build() -> keras.Model:
+        return keras.Sequential([keras.Input((28, 28, 1)), mlp(), ExplodeOnOneReplica(after, dtype="float32")])
+
+    return tiny(build_model=build)

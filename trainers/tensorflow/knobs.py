@@ -70,8 +70,8 @@ def prepare_optimizer(optimizer: Any, accumulation_steps: int | None, lr_scale: 
 
 def learning_rate(optimizer: Any) -> float | None:
     rate = inner(optimizer).learning_rate if optimizer is not None else None
-    try:
-        return float(rate) if rate is not None else None
+    try:  # (a variable under MirroredStrategy has no float(): its value does)
+        return float(rate.numpy() if hasattr(rate, "numpy") else rate) if rate is not None else None
     except (TypeError, ValueError):  # a schedule
         return None
 
@@ -115,6 +115,7 @@ class Trained:
     custom: bool = False           # trained by knobtune's custom loop
     step: Any = None               # the script's own step (loops.StepFunction), when it trains with kt.step
     optimizer: Any = None          # the optimizer kt.optimizer prepared for that step
+    strategy: Any = None           # the MirroredStrategy of a data-parallel run (None: one replica)
 
 
 def runtime_started() -> bool:
@@ -155,6 +156,15 @@ def _step_accumulation(t: Trained) -> Any:
     if t.step is None:
         return _from_compiled(_accumulation_used)(t)
     return accumulation(t.optimizer) if t.optimizer is not None else UNREAD
+
+
+def _cross_device_ops_used(t: Trained) -> Any:
+    """The all-reduce the strategy sums gradients with (its class, read back)."""
+    if t.strategy is None:
+        return UNREAD
+    from knobtune.trainers.tensorflow import distributed
+
+    return distributed.read_back(t.strategy)["cross_device_ops"]
 
 
 def _set_policy(value: Any, t: Trained) -> None:
@@ -260,5 +270,6 @@ HANDLERS = Handlers(SPACE, {
     "tf32": Handling(apply=_set_tf32, read=_tf32_used),
     "xla_auto_clustering": Handling(environ=_set_xla_flags, apply=_set_jit, read=_auto_clustering_used),
     "gpu_thread_mode": Handling(apply=_set_thread_mode, read=_thread_mode_used),
+    "cross_device_ops": Handling(read=_cross_device_ops_used),  # (applied when Tuned starts the strategy)
     **{name: Handling(read=_from_pipeline(name)) for name in PIPELINE_KNOBS if name != "batch_size"},
 })

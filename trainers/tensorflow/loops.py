@@ -25,13 +25,20 @@ class FirstNonFinite(keras.metrics.Metric):
 
     def __init__(self, name: str = GUARD_METRIC) -> None:
         super().__init__(name=name)
-        self.step = self.add_variable(shape=(), initializer="zeros", dtype="int64", name="step")
+        # Under MirroredStrategy every replica keeps the same values (the flag below is summed over
+        # them), so the first replica's are the group's; a summed variable would start at 0, not -1,
+        # on the other replicas.
+        self.step = self.add_variable(shape=(), initializer="zeros", dtype="int64", name="step",
+                                      aggregation="only_first_replica")
         self.first = self.add_variable(shape=(), initializer=keras.initializers.Constant(-1), dtype="int64",
-                                       name="first")
+                                       name="first", aggregation="only_first_replica")
 
     def update_state(self, y_true: Any, y_pred: Any, sample_weight: Any = None) -> None:
         outputs = [tf.reduce_all(tf.math.is_finite(tf.cast(p, tf.float32))) for p in tf.nest.flatten(y_pred)]
         bad = tf.logical_not(tf.reduce_all(tf.stack(outputs)))
+        replicas = tf.distribute.get_replica_context()
+        if replicas is not None and replicas.num_replicas_in_sync > 1:  # any replica's outputs: the group's step
+            bad = replicas.all_reduce("sum", tf.cast(bad, tf.float32)) > 0
         self.first.assign(tf.where(bad & (self.first < 0), self.step, self.first))
         self.step.assign_add(1)
 

@@ -59,14 +59,26 @@ def describe_script(request: Request) -> dict[str, Any]:
     }
 
 
+def _group(request: Request) -> dict[str, Any]:
+    """For a data-parallel study: what MirroredStrategy over ``nproc`` replicas can use here (tried
+    on a tiny model before anything else is built: trainers/tensorflow/distributed.py)."""
+    if request.nproc <= 1:
+        return {}
+    from knobtune.trainers.tensorflow import distributed
+
+    return {"distributed": {"nproc": request.nproc, **distributed.capabilities(request.nproc)}}
+
+
 def describe(request: Request) -> dict[str, Any]:
+    group = _group(request)
     if request.script:
-        return describe_script(request)
+        return {**group, **describe_script(request)}
     workload = load(request.workload, request.workload_options)
     records = count_records(workload.train_files)  # reads every file: a corrupt one is named here
     model = workload.build_model()
     inputs, _ = workload.eval_data
     return {
+        **group,
         "name": workload.name,
         "parameters": _parameters(model),
         "train_samples": records,

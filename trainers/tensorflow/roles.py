@@ -38,6 +38,7 @@ from knobtune.trainers.common.protocol import (
 )
 from knobtune.trainers.common.script import ScriptDone
 from knobtune.trainers.common.wire import Result
+from knobtune.trainers.tensorflow import distributed
 from knobtune.trainers.tensorflow import knobs as K
 from knobtune.trainers.tensorflow.data import (
     build_pipeline,
@@ -54,6 +55,8 @@ if TYPE_CHECKING:
 # model.fit arguments a trial's burst decides itself (the script's own evaluation is off the clock)
 BURST_OWNS = ("epochs", "initial_epoch", "steps_per_epoch", "verbose", "shuffle", "validation_data",
               "validation_split", "validation_steps", "validation_freq", "validation_batch_size")
+
+CUSTOM_ONE_REPLICA = "knobtune's own @tf.function loop trains one replica; MirroredStrategy trains through model.fit"
 
 # a pipeline's shuffle buffer, seed, whether it repeats, and the records in its files (when counted)
 Plan = tuple[int, "int | None", bool, "int | None"]
@@ -213,7 +216,7 @@ class ProbeDriver(Driver):
         kt = self.kt
         models = [m for m, _ in kt.prepared] + [c.model for c in kt.compiled.values()]
         self.description.update(models=models, dataset=dataset, made=kt._made(dataset),
-                                batch_size=kt._batch_size(dataset))
+                                batch_size=kt._batch_size(dataset, per_replica=True))
         # a dry run of the loop's body on the placeholders of two batches: whether it hands them to the
         # step untouched (steps_per_execution > 1 can apply) or uses them itself (it cannot)
         self.dry_run = Execution(None, 2)
@@ -234,7 +237,7 @@ class ProbeDriver(Driver):
         self.trial.started = True
         kt = self.kt
         self.description.update(models=[model], dataset=dataset, made=kt._made(dataset),
-                                batch_size=kt._batch_size(dataset))
+                                batch_size=kt._batch_size(dataset, per_replica=True))
         raise ScriptDone
 
 
@@ -251,10 +254,11 @@ class TrialDriver(roles.Measuring, Driver):
     def pipeline(self, files: list[str], own: dict[str, Any], settings: dict[str, Any], train_size: int | None,
                  shuffle: bool, shuffle_buffer: int) -> Plan:
         plan = self.seeded(files, train_size, shuffle, shuffle_buffer)
-        records = plan[3]
-        if records is not None and records < settings["batch_size"]:
-            raise InvalidKnobs(f"batch_size={settings['batch_size']} is larger than the training set "
-                               f"({records} samples)")
+        records, replicas = plan[3], self.kt.replicas
+        if records is not None and records < settings["batch_size"] * replicas:
+            raise InvalidKnobs(f"batch_size={settings['batch_size']}"
+                               + (f" x {replicas} replicas" if replicas > 1 else "")
+                               + f" is larger than the training set ({records} samples)")
         return plan
 
     def start(self, dataset: tf.data.Dataset, accumulation: int, execution: int, model: keras.Model | None = None
@@ -367,6 +371,8 @@ class TrialDriver(roles.Measuring, Driver):
         hooks = self.hooks(evaluate, "kt.fit(model, dataset, evaluate=fn)")
         try:
             if kt.knobs["loop"] == "custom" and not trial.script:
+                if kt.strategy is not None:
+                    raise InvalidKnobs(f"loop='custom': {CUSTOM_ONE_REPLICA}")
                 record = self.custom(model, data, schedule, hooks)
                 self.history = keras.callbacks.History()
                 self.history.history = {"loss": [record.final_loss]}
@@ -445,12 +451,14 @@ class TrialDriver(roles.Measuring, Driver):
         if "failure" in retraced and outcome["outcome"] == "ok":
             outcome = {"outcome": "invalid", "failure": retraced["failure"], "eval_seconds": outcome["eval_seconds"]}
         scaled = id(model) in kt.compiled or any(m is model for m, _ in kt.prepared)
+        group = ({"nproc": kt.replicas, **distributed.read_back(kt.strategy)} if kt.strategy is not None else None)
         return Result(**(trial.record.measurement() if trial.record is not None else {}), knobs_effective=effective,
                       not_exercised=kt.not_exercised(), setup_seconds=trial.setup_seconds,
                       effective_batch_size=schedule.batch_size * schedule.accumulation_steps,
                       lr_scale=kt.lr_scale if scaled else 1.0, pipeline=pipeline, applied=applied,
                       amp_skipped_steps=int(function.skipped.numpy()) if function is not None else None,
-                      **outcome, peak_memory_mb=K.peak_memory_mb(kt.gpu), memory_limit_mb=K.memory_limit_mb(kt.gpu))
+                      **outcome, peak_memory_mb=K.peak_memory_mb(kt.gpu), memory_limit_mb=K.memory_limit_mb(kt.gpu),
+                      group=group)
 
 
 class DiagnoseDriver(roles.Diagnosing, TrialDriver):

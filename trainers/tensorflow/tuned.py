@@ -18,7 +18,11 @@ or, for a script with its own ``@tf.function`` step and loop::
 
 ``Tuned.load()`` must come before the script builds its model: it sets the Keras global dtype
 policy (``mixed_precision``), which a layer takes when it is built, and TensorFlow's intra-op
-threads, which are fixed once its runtime starts.
+threads, which are fixed once its runtime starts. In a data-parallel trial or export (``[study]
+nproc`` > 1) it also sets a ``MirroredStrategy`` over the replicas' devices as the process's
+strategy (``kt.strategy``; trainers/tensorflow/distributed.py): the model built afterwards is
+mirrored, ``kt.dataset`` batches ``batch_size`` per replica (the global batch is that times the
+replicas), and ``kt.fit`` trains every replica.
 
 Roles: inside a trial's child (``trial``, ``diagnose``) the knobs are the trial's and
 ``kt.fit`` runs the measured burst (``train_samples`` over the repeated pipeline, whatever
@@ -40,10 +44,10 @@ import keras
 import tensorflow as tf
 
 from knobtune.trainers.common.errors import WorkloadError
-from knobtune.trainers.common.production import ConfigError, WatchdogSettings, ensure_logging
+from knobtune.trainers.common.production import ConfigError, WatchdogSettings, ensure_logging, log
 from knobtune.trainers.common.tuned import Trial, TunedBase, export_knobs
 from knobtune.trainers.common.wire import Request
-from knobtune.trainers.tensorflow import env
+from knobtune.trainers.tensorflow import distributed, env
 from knobtune.trainers.tensorflow import knobs as K
 from knobtune.trainers.tensorflow.data import AUTOTUNE, build_pipeline, describe_pipeline, options_knobs, pipeline_knobs
 from knobtune.trainers.tensorflow.loops import CustomStep, FirstNonFinite, StepFunction, with_guard
@@ -73,11 +77,17 @@ class Made:
     files: list[str]
     parse_fn: Callable
     augment_fn: Callable | None
-    settings: dict[str, Any]  # every pipeline knob, batch_size included
+    settings: dict[str, Any]  # every pipeline knob, batch_size (per replica) included
     shuffle_buffer: int
     seed: int | None
     repeat: bool
     records: int | None
+    replicas: int = 1  # each batch of the pipeline is batch_size x replicas (the global batch)
+
+    @property
+    def batch(self) -> int:
+        """The pipeline's batch: every replica's together."""
+        return int(self.settings["batch_size"]) * self.replicas
 
 
 @dataclass
@@ -121,6 +131,11 @@ class Tuned(TunedBase):
             unapplied.update(late)
         for why in unapplied.values():
             self.driver.refuse(why)
+        # after the thread knobs (the strategy starts TensorFlow's runtime), before the script builds its model
+        self.replicas = _replicas(role, trial, config, self.hardware)
+        self.strategy: tf.distribute.Strategy | None = (
+            distributed.start(self.replicas, self.knobs.get("cross_device_ops") or "collective")
+            if self.replicas > 1 else None)
         self.used: set[str] = set()
         self.made: list[Made] = []
         self.compiled: dict[int, Compiled] = {}  # id(model) ->
@@ -159,7 +174,14 @@ class Tuned(TunedBase):
                               defaults={**K.DEFAULTS, "batch_size": None}, problems=problems, strict=strict)
         if loaded is None:
             return cls({}, role="default", settings=settings)
-        _, config, knobs = loaded
+        chosen, config, knobs = loaded
+        measured = int((config.get("group") or {}).get("nproc") or 1)
+        replicas = _replicas("production", None, config, hardware)
+        if replicas != measured:
+            how = f"as {measured} MirroredStrategy replicas" if measured > 1 else "on one device"
+            log.warning(f"{chosen} was measured {how}; this job has {replicas} "
+                        f"{'replicas (one per visible GPU)' if replicas > 1 else 'device'}: the per-replica "
+                        f"settings apply, but its speed may not hold")
         return cls(knobs, role="production", config=config, settings=settings)
 
     # ----------------------------------------------------------------- the calls a script makes
@@ -174,9 +196,10 @@ class Tuned(TunedBase):
         ``prefetch``: a number, 0 for none, or ``tf.data.AUTOTUNE``; ``deterministic``, ``cache``)
         apply where no knob is set. In a trial the data repeats (the burst runs across epochs),
         the last partial batch is dropped and the shuffle is seeded; in production each ``kt.fit``
-        epoch is one pass over the files. ``train_size``: the records in ``files``, when known
-        (else a trial counts them). Build the training data with it (the first call in a trial is
-        taken to be the training data the probe counted)."""
+        epoch is one pass over the files. Under MirroredStrategy (``kt.strategy``) each batch is
+        ``batch_size`` x the replicas, which ``model.fit`` splits between them. ``train_size``: the
+        records in ``files``, when known (else a trial counts them). Build the training data with
+        it (the first call in a trial is taken to be the training data the probe counted)."""
         self.used.add("dataset")
         unknown = sorted(set(pipeline) - set(K.PIPELINE_KNOBS))
         if unknown:
@@ -195,9 +218,11 @@ class Tuned(TunedBase):
             raise WorkloadError("kt.dataset(...): no batch size: pass batch_size=... (a trial's or the export's "
                                 "batch_size replaces it)")
         buffer, seed, repeat, records = self.driver.pipeline(names, own, settings, train_size, shuffle, shuffle_buffer)
-        ds = build_pipeline(names, parse_fn, augment_fn, settings, buffer, seed, repeat=repeat, drop_remainder=repeat)
-        self.made.append(Made(ds, names, parse_fn, augment_fn, settings, buffer, seed, repeat, records))
-        return ds
+        made = Made(None, names, parse_fn, augment_fn, settings, buffer, seed, repeat, records, self.replicas)
+        made.dataset = build_pipeline(names, parse_fn, augment_fn, {**settings, "batch_size": made.batch}, buffer, seed,
+                                      repeat=repeat, drop_remainder=repeat)
+        self.made.append(made)
+        return made.dataset
 
     def compile(self, model: keras.Model, optimizer: Any = "rmsprop", loss: Any = None, metrics: Any = None,
                 **kwargs: Any) -> keras.Model:
@@ -272,6 +297,10 @@ class Tuned(TunedBase):
         if fn is None:
             return lambda f: self.step(f, jit_compile=jit_compile, steps_per_execution=steps_per_execution)
         self.used.add("step")
+        if self.strategy is not None:
+            raise WorkloadError(f"kt.step: a data-parallel run ({self.replicas} MirroredStrategy replicas) trains "
+                                f"through kt.fit; a script's own step is not run on several replicas yet: tune it "
+                                f"with nproc = 1")
         if self.step_function is not None:
             raise WorkloadError("kt.step(fn): a script has one step; this one already wraps "
                                 f"{getattr(self.step_function.fn, '__name__', 'a step')}")
@@ -324,12 +353,16 @@ class Tuned(TunedBase):
     def _made(self, dataset: Any) -> Made | None:
         return next((m for m in self.made if m.dataset is dataset), None)
 
-    def _batch_size(self, dataset: tf.data.Dataset) -> int | None:
+    def _batch_size(self, dataset: tf.data.Dataset, per_replica: bool = False) -> int | None:
+        """The samples of one batch of ``dataset``: every replica's (what a step trains), or one's."""
         made = self._made(dataset)
         if made is not None:
-            return int(made.settings["batch_size"])
-        size = pipeline_knobs(describe_pipeline(dataset)).get("batch_size")
-        return int(size) if size else None
+            size: int | None = made.batch
+        else:
+            size = pipeline_knobs(describe_pipeline(dataset)).get("batch_size")
+        if not size:
+            return None
+        return int(size) // self.replicas if per_replica else int(size)
 
     # ----------------------------------------------------------------- what the trial applied
 
@@ -352,6 +385,8 @@ class Tuned(TunedBase):
                 out["accumulation_steps"] = "the step's optimizer is not prepared by kt.optimizer(model, optimizer)"
         if self.trial is None or self.trial.script:
             out["loop"] = STEP_LOOP_WHY if "step" in self.used else LOOP_WHY
+        if self.strategy is None:
+            out["cross_device_ops"] = "one replica: no MirroredStrategy sums gradients across devices"
         return out
 
     def trained_with(self) -> tuple[keras.Model | None, Any]:
@@ -373,11 +408,26 @@ class Tuned(TunedBase):
         if data is None and self.made:
             data = self.made[-1].dataset
         pipeline = {**pipeline_knobs(describe_pipeline(data)), **options_knobs(data)} if data is not None else None
+        if pipeline is not None and pipeline.get("batch_size"):  # the strategy splits each batch between the replicas
+            pipeline["batch_size"] = int(pipeline["batch_size"]) // self.replicas
         model, optimizer = self.trained_with()
         step = self.step_function
         trained = K.Trained(self.knobs, self.gpu, pipeline=pipeline, model=model, custom=self.custom is not None,
-                            step=step, optimizer=optimizer if step is not None else None)
+                            step=step, optimizer=optimizer if step is not None else None, strategy=self.strategy)
         return K.HANDLERS.read_back(trained, self.not_exercised())
+
+
+def _replicas(role: str, trial: Trial | None, config: dict[str, Any] | None, hardware: dict[str, Any]) -> int:
+    """The replicas this process trains: a trial's group (one alone for the scaling figure's
+    ``solo`` run and for the diagnosis); in production of a data-parallel export, one per
+    visible GPU (on a machine without one, the measured count of logical CPU devices)."""
+    if trial is not None:
+        request = trial.request
+        return 1 if request.solo or role == "diagnose" else max(1, int(request.nproc))
+    measured = int(((config or {}).get("group") or {}).get("nproc") or 1)
+    if measured <= 1:
+        return 1
+    return int(hardware.get("gpu_count") or 0) or measured
 
 
 def for_request(request: Request, role: str = "trial") -> Tuned:
