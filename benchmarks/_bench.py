@@ -136,12 +136,16 @@ def overhead(plan: Plan, configs: list[dict[str, Any]]) -> dict[str, tuple[float
     return out
 
 
-def arguments(doc: str, trials: int) -> argparse.Namespace:
-    """--trials, --repeats and --seed, the options every benchmark takes."""
+def arguments(doc: str, trials: int, frameworks: tuple[str, ...] = ()) -> argparse.Namespace:
+    """--trials, --repeats and --seed, the options every benchmark takes (and --framework, the
+    first of ``frameworks`` by default, for a benchmark of several)."""
     parser = argparse.ArgumentParser(description=doc, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--trials", type=int, default=trials, help=f"trials per search (default {trials})")
     parser.add_argument("--repeats", type=int, default=3, help="side-by-side repeats of each config (default 3)")
     parser.add_argument("--seed", type=int, default=0, help="sampler seed (default 0)")
+    if frameworks:
+        parser.add_argument("--framework", choices=frameworks, default=frameworks[0],
+                            help=f"the framework measured (default {frameworks[0]})")
     return parser.parse_args()
 
 

@@ -1,18 +1,21 @@
-"""Data-parallel trials ([study] nproc = 2) on this machine: 2 gloo ranks, one core each.
+"""Data-parallel trials ([study] nproc = 2) on this machine: PyTorch's 2 gloo ranks, one core
+each, or TensorFlow's 2 MirroredStrategy replicas on two logical CPU devices in one process.
 
-1. A digits-mlp study of 2-rank trials (DDP's knobs and the per-rank loader and thread knobs
-   searched), confirmation on: the confirmed median of the winner against the baseline (DDP's
-   default settings, the script's loader), and the scaling figure the study reports.
-2. The winner against the winner with DistributedDataParallel's default settings, interleaved
-   (what the DDP knobs alone buy).
-3. Scaling: the baseline as 2 ranks and as one rank alone on one rank's core (the same per-rank
-   configuration), back to back as the study measures it, repeated: the group's samples/s over one
-   rank's, and the efficiency (that over 2).
+1. A digits-mlp study of 2-rank (2-replica) trials (the data-parallel knobs and the loader, pipeline
+   and thread knobs searched), confirmation on: the confirmed median of the winner against the
+   baseline (the framework's default data-parallel settings), and the scaling figure it reports.
+2. The winner against the winner with the framework's default data-parallel settings (DDP's, or
+   MirroredStrategy's own all-reduce), interleaved: what those knobs alone buy.
+3. Scaling: the baseline as the group and as one rank (replica) alone, back to back as the study
+   measures it, repeated: the group's samples/s over one's, and the efficiency (that over 2).
 
-On a CPU the figures say what gloo over loopback and two cores sharing caches and memory bandwidth
-cost; they say nothing about NCCL over NVLink, where bucket size and compression matter differently.
+On a CPU the figures say what gloo over loopback, or TensorFlow's all-reduce between logical
+devices, and two cores sharing caches and memory bandwidth cost; they say nothing about NCCL over
+NVLink, where bucket size, compression and the all-reduce matter differently. TensorFlow's logical
+CPU devices share the process's cores: two replicas add no compute.
 
-    .venv/bin/python benchmarks/data_parallel.py [--trials 12] [--repeats 5] [--seed 0]
+    .venv/bin/python benchmarks/data_parallel.py [--framework pytorch|tensorflow] [--trials 12]
+        [--repeats 5] [--seed 0]
 """
 from __future__ import annotations
 
@@ -31,7 +34,7 @@ from knobtune.spaces.pytorch import DDP_KNOBS
 
 from _bench import arguments, interleaved, median, run_study, study_text
 
-SPACE = """batch_size = [64, 128]
+SPACES = {"pytorch": """batch_size = [64, 128]
 accumulation_steps = [1]
 compile = ["off"]
 amp = ["off", "bf16"]
@@ -40,30 +43,42 @@ ddp_bucket_cap_mb = [5, 25, 100]
 ddp_gradient_as_bucket_view = [false, true]
 ddp_static_graph = [false, true]
 ddp_comm_hook = ["none", "fp16"]
-"""
+""", "tensorflow": """batch_size = [64, 128]
+accumulation_steps = [1]
+mixed_precision = ["float32", "mixed_bfloat16"]
+map_parallel_calls = [0, 2, "autotune"]
+prefetch = [0, "autotune"]
+steps_per_execution = [1, 4]
+cross_device_ops = ["collective", "reduction_to_one_device", "hierarchical_copy"]
+"""}
+# the knobs a data-parallel group adds, held at their defaults for "the framework's defaults"
+GROUP_KNOBS = {"pytorch": DDP_KNOBS, "tensorflow": ("cross_device_ops",)}
 
 
 def group_plan(text: str) -> Plan:
-    """The plan of a 2-rank study, probed as the run probes it: on one rank's share."""
+    """The plan of a 2-rank (2-replica) study, probed as the run probes it: on one rank's share
+    (TensorFlow's replicas: on the whole, their one process's)."""
     d = definition.parse(text, default_name="benchmark")
     cores = partition.machine_cores()
     whole = partition.Partition(0, tuple(cores))
-    rank0 = partition.Partition(0, partition.rank_shares(cores, 2)[0])
-    info = probe(d.study.framework, d.study.workload, d.workload, placement=rank0, nproc=2)
+    probed = whole if d.study.members == "replicas" else partition.Partition(0, partition.rank_shares(cores, 2)[0])
+    info = probe(d.study.framework, d.study.workload, d.workload, placement=probed, nproc=2)
     ctx = {"hardware": info["fingerprint"]["hardware"], "workload": info["workload"]}
-    space = for_framework("pytorch")
+    space = for_framework(d.study.framework)
     return Plan(d, space, space.offer(ctx, d.space, d.baseline), ctx, ".", whole, nproc=2)
 
 
 def main() -> int:
-    args = arguments(__doc__, trials=12)
+    args = arguments(__doc__, trials=12, frameworks=("pytorch", "tensorflow"))
+    framework = args.framework
+    one = "replica" if framework == "tensorflow" else "rank"
     if len(partition.physical_groups(partition.machine_cores())) < 2:
-        print("skipped: two ranks need two physical cores")
+        print(f"skipped: two {one}s need two physical cores")
         return 0
-    text = study_text("data-parallel", "pytorch", args.trials, args.seed, SPACE).replace(
+    text = study_text("data-parallel", framework, args.trials, args.seed, SPACES[framework]).replace(
         "seed = ", "nproc = 2\nseed = ", 1)
     with tempfile.TemporaryDirectory(prefix="knobtune-dp-") as tmp:
-        print(f"1. a 2-rank study, {args.trials} trials, confirmation on", flush=True)
+        print(f"1. a {framework} study of 2-{one} trials, {args.trials} trials, confirmation on", flush=True)
         study, wall = run_study(text, f"sqlite:///{Path(tmp) / 'dp.db'}", confirm=True)
         kept = StudyRecord.of(study)
         confirmed = kept.confirmed or {}
@@ -81,27 +96,29 @@ def main() -> int:
             for label in ("baseline", "winner"):
                 s = kept.scaling[label]
                 if "efficiency" in s:
-                    print(f"   the study's scaling, {label}: {s['speedup']:.2f}x one rank, "
+                    print(f"   the study's scaling, {label}: {s['speedup']:.2f}x one {one}, "
                           f"{100 * s['efficiency']:.0f}% efficiency")
     plan = group_plan(text)
     assert winner is not None
     best = dict(winner.params)
-    ddp_default = {**best, **{k: for_framework("pytorch").knob(k).default for k in DDP_KNOBS if k in best}}
-    print(f"2. the winner {best} against its DDP defaults, {args.repeats} interleaved rounds", flush=True)
-    rates = interleaved({"winner": (plan, best), "ddp-default": (plan, ddp_default)}, args.repeats)
-    ratios = [w / d for w, d in zip(rates["winner"], rates["ddp-default"])]
-    print(f"winner / DDP defaults: {median(ratios):.2f}x (rounds {', '.join(f'{r:.2f}' for r in ratios)})")
+    space = for_framework(framework)
+    default = {**best, **{k: space.knob(k).default for k in GROUP_KNOBS[framework] if k in best}}
+    print(f"2. the winner {best} against its data-parallel defaults, {args.repeats} interleaved rounds", flush=True)
+    rates = interleaved({"winner": (plan, best), "group-default": (plan, default)}, args.repeats)
+    ratios = [w / d for w, d in zip(rates["winner"], rates["group-default"])]
+    print(f"winner / its data-parallel defaults: {median(ratios):.2f}x "
+          f"(rounds {', '.join(f'{r:.2f}' for r in ratios)})")
     base = plan.space.baseline_params(plan.offer, plan.ctx, plan.definition.baseline)
-    print(f"3. the baseline as 2 ranks and as 1 rank alone, back to back, {args.repeats} times", flush=True)
+    print(f"3. the baseline as 2 {one}s and as 1 {one} alone, back to back, {args.repeats} times", flush=True)
     rounds = []
     for r in range(args.repeats):
-        figure = scaling.paired(plan, base)  # as the study measures it: the group, then one rank alone
+        figure = scaling.paired(plan, base)  # as the study measures it: the group, then one alone
         print(f"  [{r}] {figure}", flush=True)
         if "speedup" in figure:
             rounds.append(figure)
     pairs = [f["speedup"] for f in rounds]
-    print(f"2 ranks / 1 rank: {median(pairs):.2f}x (rounds {', '.join(f'{p:.2f}' for p in pairs)}); "
-          f"scaling efficiency {median(pairs) / 2:.0%}; 1 rank {median(f['one_rank'] for f in rounds):,.0f} samples/s")
+    print(f"2 {one}s / 1 {one}: {median(pairs):.2f}x (rounds {', '.join(f'{p:.2f}' for p in pairs)}); "
+          f"scaling efficiency {median(pairs) / 2:.0%}; 1 {one} {median(f['one_rank'] for f in rounds):,.0f} samples/s")
     return 0
 
 

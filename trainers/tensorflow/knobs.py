@@ -116,6 +116,7 @@ class Trained:
     step: Any = None               # the script's own step (loops.StepFunction), when it trains with kt.step
     optimizer: Any = None          # the optimizer kt.optimizer prepared for that step
     strategy: Any = None           # the MirroredStrategy of a data-parallel run (None: one replica)
+    replicas: int = 1              # the replicas this process trains (Tuned decides: its role, trial or export)
 
 
 def runtime_started() -> bool:
@@ -156,6 +157,15 @@ def _step_accumulation(t: Trained) -> Any:
     if t.step is None:
         return _from_compiled(_accumulation_used)(t)
     return accumulation(t.optimizer) if t.optimizer is not None else UNREAD
+
+
+def _start_strategy(value: Any, t: Trained) -> None:
+    """A data-parallel process's MirroredStrategy with this all-reduce, set as the process's (it
+    starts TensorFlow's runtime: the knob is declared last, after the thread knobs)."""
+    if t.replicas > 1:
+        from knobtune.trainers.tensorflow import distributed
+
+        distributed.start(t.replicas, value)
 
 
 def _cross_device_ops_used(t: Trained) -> Any:
@@ -270,6 +280,6 @@ HANDLERS = Handlers(SPACE, {
     "tf32": Handling(apply=_set_tf32, read=_tf32_used),
     "xla_auto_clustering": Handling(environ=_set_xla_flags, apply=_set_jit, read=_auto_clustering_used),
     "gpu_thread_mode": Handling(apply=_set_thread_mode, read=_thread_mode_used),
-    "cross_device_ops": Handling(read=_cross_device_ops_used),  # (applied when Tuned starts the strategy)
+    "cross_device_ops": Handling(apply=_start_strategy, read=_cross_device_ops_used),
     **{name: Handling(read=_from_pipeline(name)) for name in PIPELINE_KNOBS if name != "batch_size"},
 })

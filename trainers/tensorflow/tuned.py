@@ -47,7 +47,7 @@ from knobtune.trainers.common.errors import WorkloadError
 from knobtune.trainers.common.production import ConfigError, WatchdogSettings, ensure_logging, log
 from knobtune.trainers.common.tuned import Trial, TunedBase, export_knobs
 from knobtune.trainers.common.wire import Request
-from knobtune.trainers.tensorflow import distributed, env
+from knobtune.trainers.tensorflow import env
 from knobtune.trainers.tensorflow import knobs as K
 from knobtune.trainers.tensorflow.data import AUTOTUNE, build_pipeline, describe_pipeline, options_knobs, pipeline_knobs
 from knobtune.trainers.tensorflow.loops import CustomStep, FirstNonFinite, StepFunction, with_guard
@@ -122,20 +122,20 @@ class Tuned(TunedBase):
         late = K.HANDLERS.apply(self.knobs, self.explicit, K.Trained(self.knobs), environ=True)
         self.hardware = env.hardware()
         self.gpu = bool(self.hardware["gpu"])
+        self.replicas = _replicas(role, trial, config, self.hardware)
         self.created = time.perf_counter()
         self.driver.check()
         first = {"gpu_thread_mode"} & self.explicit  # before anything could start TensorFlow's runtime
-        unapplied = {**K.HANDLERS.apply(self.knobs, first, K.Trained(self.knobs, self.gpu)),
-                     **K.HANDLERS.apply(self.knobs, self.explicit - first, K.Trained(self.knobs, self.gpu))}
+        trained = K.Trained(self.knobs, self.gpu, replicas=self.replicas)
+        # (cross_device_ops, declared last, starts a data-parallel process's strategy: after the thread knobs,
+        # before the script builds its model; with its default when the knob was not given)
+        unapplied = {**K.HANDLERS.apply(self.knobs, first, trained),
+                     **K.HANDLERS.apply(self.knobs, self.explicit - first | {"cross_device_ops"}, trained)}
         if not self.gpu:  # on a GPU the late flag only keeps XLA from clustering the ops left on the CPU
             unapplied.update(late)
         for why in unapplied.values():
             self.driver.refuse(why)
-        # after the thread knobs (the strategy starts TensorFlow's runtime), before the script builds its model
-        self.replicas = _replicas(role, trial, config, self.hardware)
-        self.strategy: tf.distribute.Strategy | None = (
-            distributed.start(self.replicas, self.knobs.get("cross_device_ops") or "collective")
-            if self.replicas > 1 else None)
+        self.strategy: tf.distribute.Strategy | None = tf.distribute.get_strategy() if self.replicas > 1 else None
         self.used: set[str] = set()
         self.made: list[Made] = []
         self.compiled: dict[int, Compiled] = {}  # id(model) ->
