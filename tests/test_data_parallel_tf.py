@@ -124,6 +124,13 @@ def test_a_script_study_of_two_replicas_and_its_winner_in_production(tmp_path: P
     # the script's model trained under the winner's strategy: its all-reduce and batch read back
     assert stats["knobs"]["cross_device_ops"] == "hierarchical_copy" and stats["knobs"]["batch_size"] == 16
     assert "was measured" not in proc.stderr  # as many replicas as measured: no warning
+    # a model built before Tuned.load(): on this CPU that started TensorFlow's runtime before the CPU could be
+    # divided into the replicas' devices (on GPUs: its variables are not mirrored, kt.compile says so)
+    early = subprocess.run([sys.executable, str(SCRIPT), "--epochs", "1", "--model-first"], cwd=tmp_path, env=env,
+                           capture_output=True, text=True, timeout=300)
+    assert early.returncode != 0
+    assert "2 replicas on this CPU need 2 logical CPU devices, made before TensorFlow's runtime starts: call " \
+           "Tuned.load() before any TensorFlow operation" in early.stderr
 
 
 def test_one_replicas_nan_is_the_groups():

@@ -2,7 +2,7 @@
 shards. Flags break it in the ways the tests need: ``--raise-before`` (fails before its first
 kt.fit), ``--no-fit`` (never calls kt.fit), ``--no-report`` (never reports its accuracy),
 ``--no-compile`` (compiles with model.compile, not kt.compile), ``--own-pipeline`` (builds its
-own tf.data pipeline, not with kt.dataset)."""
+own tf.data pipeline, not with kt.dataset), ``--model-first`` (builds its model before Tuned.load())."""
 from __future__ import annotations
 
 import argparse
@@ -30,8 +30,10 @@ def main() -> None:
     p.add_argument("--no-report", action="store_true")
     p.add_argument("--no-compile", action="store_true")
     p.add_argument("--own-pipeline", action="store_true")
+    p.add_argument("--model-first", action="store_true")
     args = p.parse_args()
 
+    early = mlp() if args.model_first else None
     kt = Tuned.load()
     files = digits.prepare()
     chosen = files.train[:320]
@@ -43,7 +45,7 @@ def main() -> None:
         ds = tf.data.TFRecordDataset(shards).map(parse_png).shuffle(320).batch(args.batch_size)
     else:
         ds = kt.dataset(shards, parse_png, random_affine, batch_size=args.batch_size, train_size=len(chosen))
-    model = mlp()
+    model = early or mlp()
     optimizer = keras.optimizers.Adam(1e-3)
     loss = keras.losses.SparseCategoricalCrossentropy(from_logits=True)
     if args.no_compile:

@@ -232,6 +232,7 @@ class Tuned(TunedBase):
         guard (a metric, ``first_nonfinite_step``: -1 while every output is finite). Under
         mixed_float16 Keras wraps the optimizer in a LossScaleOptimizer. Returns ``model``."""
         self.used.add("compile")
+        self._mirrored(model, "kt.compile")
         own = {k: kwargs.pop(k) for k in ("jit_compile", "steps_per_execution") if k in kwargs}
         optimizer = keras.optimizers.get(optimizer)
         if K.accumulation(optimizer) > 1:
@@ -261,6 +262,7 @@ class Tuned(TunedBase):
         if not getattr(model, "compiled", False) or getattr(model, "optimizer", None) is None:
             raise WorkloadError("kt.fit(model, ...): the model is not compiled: call kt.compile(model, "
                                 "optimizer=..., loss=...) first")
+        self._mirrored(model, "kt.fit")
         return self.driver.fit(model, dataset, epochs, evaluate, kwargs)
 
     def optimizer(self, model: keras.Model, optimizer: Any) -> keras.optimizers.Optimizer:
@@ -349,6 +351,18 @@ class Tuned(TunedBase):
         return self.driver.batches(dataset, evaluate)
 
     # ----------------------------------------------------------------- shared by the drivers
+
+    def _mirrored(self, model: keras.Model, call: str) -> None:
+        """Under MirroredStrategy, WorkloadError when ``model``'s variables were made outside it
+        (built before ``Tuned.load()``: Keras' fit would fail with a bare AssertionError)."""
+        if self.strategy is None:
+            return
+        plain = [w.path for w in model.weights
+                 if not isinstance(getattr(w, "value", w), tf.distribute.DistributedValues)]
+        if plain:
+            raise WorkloadError(f"{call}: the model's variables ({plain[0]}{', ...' if len(plain) > 1 else ''}) were "
+                                f"made outside the {self.replicas}-replica MirroredStrategy: build the model after "
+                                f"Tuned.load(), which sets the strategy")
 
     def _made(self, dataset: Any) -> Made | None:
         return next((m for m in self.made if m.dataset is dataset), None)
