@@ -80,7 +80,7 @@ _GENERIC = re.compile(r"^(Graph execution error|Detected at node|Exception encou
 
 def _reason(exc: BaseException) -> str:
     """The line of TensorFlow's long error text that says what went wrong (its first sentence)."""
-    text = re.sub(r"\x1b\[[0-9;]*m", "", getattr(exc, "message", None) or str(exc))
+    text = re.sub(r"\x1b\[[0-9;]*m| \(defined @ [^)]*\)", "", getattr(exc, "message", None) or str(exc))
     for line in text.splitlines():
         line = re.sub(r"^\(\d+\) [A-Z_]+:\s*", "", line.strip())
         if line and not _GENERIC.match(line):
