@@ -135,20 +135,18 @@ def _ops_problem(value: Any, knobs: Mapping[str, Any], hw: Mapping[str, Any]) ->
     return None
 
 
-def _in_group(what: str, key: str) -> Any:
-    """A value the probe found MirroredStrategy cannot train with here (``key``: its reason)."""
-    def unavailable(value: Any, ctx: Context) -> str | None:
-        why = _group(ctx).get(key)
-        return f"{what} under MirroredStrategy fails here: {why}" if why and value else None
-    return unavailable
+def _refused_in_group(ctx: Context, what: str, key: str) -> str | None:
+    """Why MirroredStrategy cannot train with ``what`` here, as the probe found (``key``: its reason)."""
+    why = _group(ctx).get(key)
+    return f"{what} under MirroredStrategy fails here: {why}" if why else None
 
 
 def _jit_value(value: Any, ctx: Context) -> str | None:
-    return _in_group("XLA (jit_compile=True)", "jit_compile")(value is True, ctx)
+    return _refused_in_group(ctx, "XLA (jit_compile=True)", "jit_compile") if value is True else None
 
 
 def _accumulation_value(value: Any, ctx: Context) -> str | None:
-    return _in_group("Keras' gradient accumulation", "accumulation")(int(value) > 1, ctx)
+    return _refused_in_group(ctx, "Keras' gradient accumulation", "accumulation") if int(value) > 1 else None
 
 
 def _loop_value(value: Any, ctx: Context) -> str | None:

@@ -218,11 +218,11 @@ class Tuned(TunedBase):
             raise WorkloadError("kt.dataset(...): no batch size: pass batch_size=... (a trial's or the export's "
                                 "batch_size replaces it)")
         buffer, seed, repeat, records = self.driver.pipeline(names, own, settings, train_size, shuffle, shuffle_buffer)
-        made = Made(None, names, parse_fn, augment_fn, settings, buffer, seed, repeat, records, self.replicas)
-        made.dataset = build_pipeline(names, parse_fn, augment_fn, {**settings, "batch_size": made.batch}, buffer, seed,
-                                      repeat=repeat, drop_remainder=repeat)
-        self.made.append(made)
-        return made.dataset
+        batch = int(settings["batch_size"]) * self.replicas  # (Made.batch)
+        ds = build_pipeline(names, parse_fn, augment_fn, {**settings, "batch_size": batch}, buffer, seed,
+                            repeat=repeat, drop_remainder=repeat)
+        self.made.append(Made(ds, names, parse_fn, augment_fn, settings, buffer, seed, repeat, records, self.replicas))
+        return ds
 
     def compile(self, model: keras.Model, optimizer: Any = "rmsprop", loss: Any = None, metrics: Any = None,
                 **kwargs: Any) -> keras.Model:
