@@ -12,14 +12,19 @@ One run on this machine, on digits-mlp, over a space small enough to enumerate:
 Every configuration is scored by its entry in the grid table (one common measurement), so the
 strategies are compared on what they chose, not on the luck of their own measurements.
 
-Prints, as ratios: best found / grid best, trials to reach 95 % of the grid best (knobtune vs
-random), Lightning-style / knobtune, and the burst's prediction error.
+Prints, as ratios: best found / grid best (and within the wall time of --trials full trials:
+a strategy that measures more configurations more cheaply, pruning, gets its due), trials to
+reach 95 % of the grid best (knobtune vs random), Lightning-style / knobtune, and the burst's
+prediction error; each with its spread over the seeds. --grid-file keeps the measured grid (per
+framework and space) so that later runs on the same machine compare searches on one reference.
 
-    .venv/bin/python benchmarks/search_quality.py [--framework pytorch] [--trials 10] [--seeds 3]
+    .venv/bin/python benchmarks/search_quality.py [--framework pytorch] [--trials 10] [--seeds 5]
+        [--grid-file grid-pytorch.json]
 """
 from __future__ import annotations
 
 import argparse
+import json
 import statistics
 import sys
 import tempfile
@@ -41,11 +46,26 @@ SPACES = {
 BASELINE_EXTRA = {"pytorch": "persistent_workers = true\n", "tensorflow": ""}
 
 
+def _read_grid(path: Path | None, framework: str, space: str,
+               expected: dict[tuple, list[tuple[float, float]]]) -> dict[tuple, list[tuple[float, float]]] | None:
+    """The grid measured earlier at ``path``, when it holds this framework's space and every configuration."""
+    if path is None or not path.exists():
+        return None
+    data = json.loads(path.read_text())
+    if data.get("framework") != framework or data.get("space") != space:
+        print(f"   {path} holds another framework or space: measuring the grid again", flush=True)
+        return None
+    runs = {tuple(tuple(pair) for pair in k): [tuple(r) for r in v] for k, v in data["runs"]}
+    return runs if set(runs) == set(expected) else None
+
+
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--framework", choices=sorted(SPACES), default="pytorch")
     parser.add_argument("--trials", type=int, default=10, help="trial budget per search (default 10)")
-    parser.add_argument("--seeds", type=int, default=3)
+    parser.add_argument("--seeds", type=int, default=5)
+    parser.add_argument("--grid-file", type=Path, default=None,
+                        help="the measured grid, read when it holds this framework's space, else measured and written")
     parser.add_argument("--long-repeats", type=int, default=5,
                         help="paired burst / 10x runs of the winner for the prediction error (default 5)")
     parser.add_argument("--grid-repeats", type=int, default=3,
@@ -68,12 +88,24 @@ def main() -> int:
         return tuple(sorted((k, v) for k, v in params.items() if len(offer.choices.get(k, ())) > 1))
 
     grid = list(space.grid(offer))
-    print(f"1. exhaustive grid ({fw}): {len(grid)} configurations, {args.grid_repeats} passes", flush=True)
     measured: dict[tuple, list[tuple[float, float]]] = {key(p): [] for p in grid}
-    for rep in range(args.grid_repeats):  # each pass with its own seed: accuracies vary as they do
-        for i, params in enumerate(grid):
-            r = run_params(plan, params, f"{rep + 1}:{i + 1}/{len(grid)}", seed_offset=rep)
-            measured[key(params)].append((r.samples_per_second or 0.0, r.val_accuracy or 0.0))
+    kept = _read_grid(args.grid_file, fw, SPACES[fw], measured)
+    if kept is not None:
+        measured = kept
+        print(f"1. exhaustive grid ({fw}): {len(grid)} configurations, read from {args.grid_file} "
+              f"({min(len(v) for v in measured.values())} passes)", flush=True)
+    else:
+        print(f"1. exhaustive grid ({fw}): {len(grid)} configurations, {args.grid_repeats} passes", flush=True)
+        for rep in range(args.grid_repeats):  # each pass with its own seed: accuracies vary as they do
+            for i, params in enumerate(grid):
+                r = run_params(plan, params, f"{rep + 1}:{i + 1}/{len(grid)}", seed_offset=rep)
+                measured[key(params)].append((r.samples_per_second or 0.0, r.val_accuracy or 0.0))
+        if args.grid_file is not None:
+            args.grid_file.write_text(json.dumps({"framework": fw, "space": SPACES[fw],
+                                                  "runs": [[list(map(list, k)), v] for k, v in measured.items()]}))
+    spreads = [max(r for r, _ in v) / min(r for r, _ in v) - 1 for v in measured.values() if min(r for r, _ in v) > 0]
+    print(f"   the grid's own spread: a configuration's fastest pass over its slowest, median "
+          f"{statistics.median(spreads):.0%}, max {max(spreads):.0%}", flush=True)
     table = {k: (statistics.median(v[0] for v in runs), statistics.fmean(v[1] for v in runs))
              for k, runs in measured.items()}
     base_params = space.baseline_params(offer, plan.ctx, plan.definition.baseline)
@@ -87,6 +119,18 @@ def main() -> int:
         value = table.get(key(params))
         return value[0] if value and value[1] >= floor else 0.0
 
+    def within_wall(study: Any, budget: float) -> float:
+        """Best found / grid best among the trials that finished within ``budget`` seconds of trial time."""
+        spent, best = 0.0, 0.0
+        for t in sorted(study.trials, key=lambda t: t.number):
+            if t.datetime_start is None or t.datetime_complete is None:
+                continue
+            spent += (t.datetime_complete - t.datetime_start).total_seconds()
+            if spent > budget:
+                break
+            best = max(best, score(t.params))
+        return best / grid_best
+
     def to_95(study: Any) -> int | None:
         best = 0.0
         numbered = [t for t in sorted(study.trials, key=lambda t: t.number) if TrialRecord.of(t).outcome]
@@ -99,20 +143,29 @@ def main() -> int:
     from knobtune.search.story import results
 
     found: dict[str, list[float]] = {"knobtune": [], "random": []}
+    in_wall: dict[str, list[float]] = {"knobtune": [], "random": []}
     reach: dict[str, list[int | None]] = {"knobtune": [], "random": []}
     winners, study_of_winner = [], []
     with tempfile.TemporaryDirectory() as tmp:
         url = f"sqlite:///{Path(tmp) / 'quality.db'}"
         for seed in range(args.seeds):
+            studies = {}
             for strategy, sampler in (("knobtune", "tpe"), ("random", "random")):
                 print(f"\n2. seed {seed}: {strategy}, {args.trials} trials", flush=True)
                 study, _ = run_study(text(f"{strategy}-{seed}", seed, sampler), url, confirm=strategy == "knobtune")
+                studies[strategy] = study
                 chosen = results.best(study)
                 found[strategy].append(score(chosen.params) / grid_best if chosen else 0.0)
                 reach[strategy].append(to_95(study))
                 if strategy == "knobtune" and chosen:
                     winners.append(chosen)
                     study_of_winner.append(study)
+            # the wall time of --trials full trials: random search's trials are never pruned
+            full = [(t.datetime_complete - t.datetime_start).total_seconds() for t in studies["random"].trials
+                    if t.datetime_start is not None and t.datetime_complete is not None]
+            budget = args.trials * statistics.median(full) if full else 0.0
+            for strategy, study in studies.items():
+                in_wall[strategy].append(within_wall(study, budget))
 
     print("\n3. Lightning-style: the largest batch that runs, other knobs at defaults", flush=True)
     lightning = dict(base_params, batch_size=max(offer.choices["batch_size"]))
@@ -144,6 +197,12 @@ def main() -> int:
     print(f"grid best: {grid_best:,.0f} samples/s")
     print(f"best found / grid best     knobtune {k_found:.2f} (seeds {[round(v, 2) for v in found['knobtune']]})   "
           f"random {r_found:.2f} (seeds {[round(v, 2) for v in found['random']]})")
+    margins = [k - r for k, r in zip(found["knobtune"], found["random"])]
+    print(f"  knobtune - random, per seed: median {statistics.median(margins):+.2f} "
+          f"(from {min(margins):+.2f} to {max(margins):+.2f})")
+    print(f"within {args.trials} full trials' wall time   knobtune {statistics.median(in_wall['knobtune']):.2f} "
+          f"(seeds {[round(v, 2) for v in in_wall['knobtune']]})   random {statistics.median(in_wall['random']):.2f} "
+          f"(seeds {[round(v, 2) for v in in_wall['random']]})")
     print(f"trials to 95% of grid best knobtune {fmt_reach(reach['knobtune'])}")
     print(f"                           random   {fmt_reach(reach['random'])}")
     print(f"Lightning-style / knobtune = {l_sps / knob_best:.2f}  (batch {lightning['batch_size']}: {l_sps:,.0f} samples/s, "
