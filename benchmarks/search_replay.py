@@ -1,0 +1,200 @@
+"""Search strategies replayed on a measured grid: many seeds in seconds, to choose what to try in
+the real benchmark (benchmarks/search_quality.py), never to replace it.
+
+The grid file is search_quality.py's (--grid-file): every configuration of a small space measured
+in several passes on this machine. A replayed trial of a configuration draws one of its passes at
+random (its rate and accuracy: the machine's own noise, as measured); a configuration whose passes
+all failed fails. Each strategy has the same trial budget; its pick is then re-measured as
+knobtune's confirmation does (the top candidates and the baseline, --rounds draws each, the
+median; a candidate must be 3 % faster than the baseline or the baseline is kept) and scored by
+the grid's median rate, as search_quality.py scores it. What this leaves out: pruning, the real
+study's duplicate handling and the accuracy guard's allowance for noise during the search.
+
+    .venv/bin/python benchmarks/search_replay.py GRID.json [--trials 10] [--seeds 200]
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import math
+import random
+import statistics
+import sys
+import warnings
+from pathlib import Path
+from typing import Any, Callable
+
+import optuna
+
+Config = tuple[tuple[str, Any], ...]
+Runs = dict[Config, list[tuple[float, float]]]
+
+MAX_DROP = 0.02  # [guard] max_accuracy_drop's default
+
+
+def load(path: Path) -> tuple[str, Runs]:
+    data = json.loads(path.read_text())
+    return data["framework"], {tuple(tuple(p) for p in k): [tuple(r) for r in v] for k, v in data["runs"]}
+
+
+class Replay:
+    """One seed's draws from the grid, and the reference every pick is scored against."""
+
+    def __init__(self, runs: Runs, baseline: Config, rng: random.Random) -> None:
+        self.runs, self.baseline, self.rng = runs, baseline, rng
+        self.knobs = {k: sorted({dict(c)[k] for c in runs}, key=str) for k, _ in next(iter(runs))}
+        self.floor = statistics.fmean(a for _, a in runs[baseline]) - MAX_DROP
+        self.table = {c: statistics.median(r for r, _ in v) for c, v in runs.items()
+                      if statistics.fmean(a for _, a in v) >= self.floor}
+        self.best = max(self.table.values())
+
+    def measure(self, config: Config) -> tuple[float, float]:
+        return self.rng.choice(self.runs[config])
+
+    def score(self, config: Config) -> float:
+        return self.table.get(config, 0.0) / self.best
+
+
+def confirm(replay: Replay, measured: dict[Config, tuple[float, float]], rounds: int, candidates: int = 3) -> Config:
+    """knobtune's confirmation: the fastest feasible candidates and the baseline, drawn ``rounds``
+    times each; the candidate with the best median ratio to the baseline, if it is 3 % faster."""
+    feasible = sorted((c for c, (r, a) in measured.items() if r > 0 and a >= replay.floor and c != replay.baseline),
+                      key=lambda c: -measured[c][0])[:candidates]
+    if not feasible:
+        return replay.baseline
+    ratios = {}
+    for c in feasible:
+        pairs = [(replay.measure(c), replay.measure(replay.baseline)) for _ in range(rounds)]
+        if statistics.fmean(a for (_, a), _ in pairs) < replay.floor:
+            continue
+        ratios[c] = statistics.median(r / max(b, 1e-9) for (r, _), (b, _) in pairs)
+    winner = max(ratios, key=ratios.get, default=None)
+    return winner if winner is not None and ratios[winner] >= 1.03 else replay.baseline
+
+
+Trial = tuple[Config, tuple[float, float]]  # a configuration and what its replayed trial measured
+Strategy = Callable[[Replay, int, list[Config], int], list[Trial]]
+
+
+def random_search(replay: Replay, budget: int, first: list[Config], seed: int) -> list[Trial]:
+    """Optuna's RandomSampler's equivalent: the baseline, then configurations drawn uniformly."""
+    rng = random.Random(seed)
+    configs = list(replay.runs)
+    return [(c, replay.measure(c)) for c in [first[0]] + [rng.choice(configs) for _ in range(budget - 1)]]
+
+
+def tpe(replay: Replay, budget: int, first: list[Config], seed: int, **settings: Any) -> list[Trial]:
+    """Optuna's TPE as knobtune configures it, the baseline and the advice queued first."""
+    sampler = optuna.samplers.TPESampler(seed=seed, multivariate=True, group=True,
+                                         n_startup_trials=max(3, min(10, budget // 3)), **settings)
+    study = optuna.create_study(direction="maximize", sampler=sampler)
+    for config in first:
+        study.enqueue_trial(dict(config))
+    asked = []
+    for _ in range(budget):
+        trial = study.ask()
+        config = tuple((k, trial.suggest_categorical(k, values)) for k, values in replay.knobs.items())
+        config = tuple(sorted(config))
+        rate, accuracy = replay.measure(config)
+        study.tell(trial, rate if accuracy >= replay.floor else 0.0)
+        asked.append((config, (rate, accuracy)))
+    return asked
+
+
+def sampler_search(make: Callable[[int], optuna.samplers.BaseSampler]) -> Strategy:
+    """Another Optuna sampler in TPE's place (the same queue: the baseline and the advice first)."""
+    def search(replay: Replay, budget: int, first: list[Config], seed: int) -> list[Trial]:
+        study = optuna.create_study(direction="maximize", sampler=make(seed))
+        for config in first:
+            study.enqueue_trial(dict(config))
+        asked = []
+        for _ in range(budget):
+            trial = study.ask()
+            config = tuple(sorted((k, trial.suggest_categorical(k, v)) for k, v in replay.knobs.items()))
+            rate, accuracy = replay.measure(config)
+            study.tell(trial, rate if accuracy >= replay.floor else 0.0)
+            asked.append((config, (rate, accuracy)))
+        return asked
+    return search
+
+
+def additive(replay: Replay, budget: int, first: list[Config], seed: int, bonus: float = 0.15) -> list[Trial]:
+    """A model of per-knob effects: log(rate) as a sum of one effect per knob value (ridge least
+    squares over every trial so far; a failed or infeasible trial counts as half the slowest rate),
+    and the next trial the configuration of the best effects plus a bonus for values tried least."""
+    import numpy as np
+
+    rng = random.Random(seed)
+    columns = [(k, v) for k, values in replay.knobs.items() for v in values]
+    trials: list[Trial] = []
+    for config in first:
+        trials.append((config, replay.measure(config)))
+    while len(trials) < budget:
+        ok = [r for _, (r, a) in trials if r > 0 and a >= replay.floor]
+        low = math.log(min(ok) / 2) if ok else 0.0
+        x = np.array([[1.0 if dict(c)[k] == v else 0.0 for k, v in columns] for c, _ in trials])
+        y = np.array([math.log(r) if r > 0 and a >= replay.floor else low for _, (r, a) in trials])
+        mean = y.mean()
+        coef = np.linalg.solve(x.T @ x + 0.3 * np.eye(len(columns)), x.T @ (y - mean))
+        counts = x.sum(axis=0)
+        value = {col: coef[i] + bonus / math.sqrt(1 + counts[i]) + rng.uniform(0, 1e-6) for i, col in enumerate(columns)}
+        config = tuple(sorted((k, max(values, key=lambda v: value[(k, v)])) for k, values in replay.knobs.items()))
+        seen = {c for c, _ in trials}
+        if config in seen:  # the model's best is measured: the least-tried neighbour of it
+            neighbours = [tuple(sorted({**dict(config), k: v}.items())) for k, vs in replay.knobs.items() for v in vs]
+            fresh = [c for c in neighbours if c not in seen]
+            if not fresh:
+                fresh = [c for c in replay.runs if c not in seen] or [config]
+            config = max(fresh, key=lambda c: sum(value[(k, v)] for k, v in c))
+        trials.append((config, replay.measure(config)))
+    return trials
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("grid", type=Path)
+    parser.add_argument("--trials", type=int, default=10)
+    parser.add_argument("--seeds", type=int, default=200)
+    parser.add_argument("--rounds", type=int, default=5)
+    parser.add_argument("--advice", default="{}", help="the advice trial's knob values, as JSON")
+    args = parser.parse_args()
+    optuna.logging.set_verbosity(optuna.logging.WARNING)
+    warnings.filterwarnings("ignore", category=optuna.exceptions.ExperimentalWarning)
+    framework, runs = load(args.grid)
+    some = dict(next(iter(runs)))
+    base = tuple(sorted({k: min(vs, key=lambda v: (isinstance(v, str), v)) for k, vs in
+                         {k: {dict(c)[k] for c in runs} for k in some}.items()}.items()))
+    advice = tuple(sorted({**dict(base), **json.loads(args.advice)}.items()))
+    strategies: dict[str, Strategy] = {
+        "random": random_search,
+        "tpe (knobtune's)": tpe,
+        "tpe univariate": sampler_search(lambda s: optuna.samplers.TPESampler(seed=s, n_startup_trials=3)),
+        "gp": sampler_search(lambda s: optuna.samplers.GPSampler(seed=s, n_startup_trials=3)),
+        "additive": additive,
+    }
+    print(f"{framework}: {len(runs)} configurations; baseline {dict(base)}; advice {dict(advice)}")
+    for name, strategy in strategies.items():
+        found, reach = [], []
+        for seed in range(args.seeds):
+            replay = Replay(runs, base, random.Random(seed))
+            asked = strategy(replay, args.trials, [base] if name == "random" else [base, advice], seed)
+            measured: dict[Config, tuple[float, float]] = {}
+            for c, m in asked:  # (a configuration asked again keeps its first measurement, as a study skips it)
+                measured.setdefault(c, m)
+            found.append(replay.score(confirm(replay, measured, args.rounds)))
+            best, hit = 0.0, None
+            for i, (c, _) in enumerate(asked, start=1):
+                best = max(best, replay.score(c))
+                if hit is None and best >= 0.95:
+                    hit = i
+            reach.append(hit)
+        hits = [h for h in reach if h is not None]
+        print(f"{name:18s} picked / grid best: median {statistics.median(found):.2f}, "
+              f"seeds >= 0.95: {sum(f >= 0.95 for f in found) / len(found):.0%}, worst {min(found):.2f}; "
+              f"a trial within 95 %: {len(hits) / len(reach):.0%} of seeds, median trial "
+              f"{statistics.median(hits) if hits else float('nan'):.0f}")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
