@@ -200,7 +200,7 @@ def main() -> int:
     margins = [k - r for k, r in zip(found["knobtune"], found["random"])]
     print(f"  knobtune - random, per seed: median {statistics.median(margins):+.2f} "
           f"(from {min(margins):+.2f} to {max(margins):+.2f})")
-    print(f"within {args.trials} full trials' wall time   knobtune {statistics.median(in_wall['knobtune']):.2f} "
+    print(f"best measured within {args.trials} full trials' wall time (before confirmation)   knobtune {statistics.median(in_wall['knobtune']):.2f} "
           f"(seeds {[round(v, 2) for v in in_wall['knobtune']]})   random {statistics.median(in_wall['random']):.2f} "
           f"(seeds {[round(v, 2) for v in in_wall['random']]})")
     print(f"trials to 95% of grid best knobtune {fmt_reach(reach['knobtune'])}")
