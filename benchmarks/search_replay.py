@@ -83,24 +83,6 @@ def random_search(replay: Replay, budget: int, first: list[Config], seed: int) -
     return [(c, replay.measure(c)) for c in [first[0]] + [rng.choice(configs) for _ in range(budget - 1)]]
 
 
-def tpe(replay: Replay, budget: int, first: list[Config], seed: int, **settings: Any) -> list[Trial]:
-    """Optuna's TPE as knobtune configures it, the baseline and the advice queued first."""
-    sampler = optuna.samplers.TPESampler(seed=seed, multivariate=True, group=True,
-                                         n_startup_trials=max(3, min(10, budget // 3)), **settings)
-    study = optuna.create_study(direction="maximize", sampler=sampler)
-    for config in first:
-        study.enqueue_trial(dict(config))
-    asked = []
-    for _ in range(budget):
-        trial = study.ask()
-        config = tuple((k, trial.suggest_categorical(k, values)) for k, values in replay.knobs.items())
-        config = tuple(sorted(config))
-        rate, accuracy = replay.measure(config)
-        study.tell(trial, rate if accuracy >= replay.floor else 0.0)
-        asked.append((config, (rate, accuracy)))
-    return asked
-
-
 def sampler_search(make: Callable[[int], optuna.samplers.BaseSampler]) -> Strategy:
     """Another Optuna sampler in TPE's place (the same queue: the baseline and the advice first)."""
     def search(replay: Replay, budget: int, first: list[Config], seed: int) -> list[Trial]:
@@ -137,7 +119,8 @@ def additive(replay: Replay, budget: int, first: list[Config], seed: int, bonus:
         mean = y.mean()
         coef = np.linalg.solve(x.T @ x + 0.3 * np.eye(len(columns)), x.T @ (y - mean))
         counts = x.sum(axis=0)
-        value = {col: coef[i] + bonus / math.sqrt(1 + counts[i]) + rng.uniform(0, 1e-6) for i, col in enumerate(columns)}
+        value = {col: coef[i] + bonus / math.sqrt(1 + counts[i]) + rng.uniform(0, 1e-6)  # (ties broken at random)
+                 for i, col in enumerate(columns)}
         config = tuple(sorted((k, max(values, key=lambda v: value[(k, v)])) for k, values in replay.knobs.items()))
         seen = {c for c, _ in trials}
         if config in seen:  # the model's best is measured: the least-tried neighbour of it
@@ -148,6 +131,11 @@ def additive(replay: Replay, budget: int, first: list[Config], seed: int, bonus:
             config = max(fresh, key=lambda c: sum(value[(k, v)] for k, v in c))
         trials.append((config, replay.measure(config)))
     return trials
+
+
+# knobtune's TPE (search/study/study.py: make_sampler) for a budget of 9 to 11 trials, one study at a time
+tpe = sampler_search(lambda seed: optuna.samplers.TPESampler(seed=seed, multivariate=True, group=True,
+                                                             n_startup_trials=3))
 
 
 def main() -> int:
