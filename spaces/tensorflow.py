@@ -115,7 +115,10 @@ def _no_group(ctx: Context) -> str | None:
     return None if _group(ctx) else "a one-replica trial has no MirroredStrategy ([study] nproc = 1)"
 
 
-CROSS_DEVICE_OPS = ("collective", "reduction_to_one_device", "hierarchical_copy", "nccl")
+# cross_device_ops -> its tf.distribute class (None: MirroredStrategy's own choice, its CollectiveAllReduce: NCCL
+# between physical GPUs, a ring elsewhere); the child makes and reads back the strategy with these
+CROSS_DEVICE_OPS: dict[str, str | None] = {"collective": None, "reduction_to_one_device": "ReductionToOneDevice",
+                                           "hierarchical_copy": "HierarchicalCopyAllReduce", "nccl": "NcclAllReduce"}
 
 
 def _ops(ctx: Context) -> list[str]:
@@ -285,16 +288,12 @@ KNOBS = (
          problem=_ops_problem),
 )
 
-_OPS_CLASS = {"reduction_to_one_device": "ReductionToOneDevice", "hierarchical_copy": "HierarchicalCopyAllReduce",
-              "nccl": "NcclAllReduce"}
-
-
 def _strategy_line(shown: Shown) -> list[str]:
     """A data-parallel winner's MirroredStrategy, with its all-reduce (none for one replica)."""
     if shown.nproc <= 1:
         return []
     ops = shown.value("cross_device_ops", "collective")
-    argument = f"cross_device_ops=tf.distribute.{_OPS_CLASS[ops]}()" if ops in _OPS_CLASS else ""
+    argument = f"cross_device_ops=tf.distribute.{CROSS_DEVICE_OPS[ops]}()" if CROSS_DEVICE_OPS.get(ops) else ""
     return [f"strategy = tf.distribute.MirroredStrategy({argument})  # measured as {shown.nproc} replicas, one per "
             f"GPU", "global_batch = batch_size * strategy.num_replicas_in_sync  # batch_size: per replica"]
 

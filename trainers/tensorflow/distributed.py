@@ -15,20 +15,13 @@ from typing import Any
 import keras
 import tensorflow as tf
 
+from knobtune.spaces.tensorflow import CROSS_DEVICE_OPS
 from knobtune.trainers.common.errors import WorkloadError
 from knobtune.trainers.tensorflow.knobs import runtime_started
 
 STRATEGY = "MirroredStrategy"
-# cross_device_ops -> the tf.distribute class (None: MirroredStrategy's own choice, its collective all-reduce:
-# NCCL on physical GPUs, a ring elsewhere)
-CROSS_DEVICE_OPS: dict[str, Any] = {
-    "collective": None,
-    "reduction_to_one_device": tf.distribute.ReductionToOneDevice,
-    "hierarchical_copy": tf.distribute.HierarchicalCopyAllReduce,
-    "nccl": tf.distribute.NcclAllReduce,
-}
-_CLASSES = {"CollectiveAllReduce": "collective", "ReductionToOneDevice": "reduction_to_one_device",
-            "HierarchicalCopyAllReduce": "hierarchical_copy", "NcclAllReduce": "nccl"}
+# a strategy's all-reduce class -> the knob's value (MirroredStrategy's own is CollectiveAllReduce)
+_KNOB_VALUE = {**{cls: name for name, cls in CROSS_DEVICE_OPS.items() if cls}, "CollectiveAllReduce": "collective"}
 
 
 def devices(n: int) -> list[str]:
@@ -56,7 +49,7 @@ def make(n: int, cross_device_ops: str = "collective") -> tf.distribute.Mirrored
     if cross_device_ops not in CROSS_DEVICE_OPS:
         raise WorkloadError(f"cross_device_ops={cross_device_ops!r}: expected one of {', '.join(CROSS_DEVICE_OPS)}")
     cls = CROSS_DEVICE_OPS[cross_device_ops]
-    return tf.distribute.MirroredStrategy(devices(n), cross_device_ops=cls() if cls is not None else None)
+    return tf.distribute.MirroredStrategy(devices(n), cross_device_ops=getattr(tf.distribute, cls)() if cls else None)
 
 
 def start(n: int, cross_device_ops: str = "collective") -> tf.distribute.MirroredStrategy:
@@ -71,7 +64,7 @@ def read_back(strategy: tf.distribute.Strategy) -> dict[str, Any]:
     ops = getattr(strategy.extended, "_cross_device_ops", None)
     return {"strategy": type(strategy).__name__, "replicas": int(strategy.num_replicas_in_sync),
             "devices": list(strategy.extended.worker_devices),
-            "cross_device_ops": _CLASSES.get(type(ops).__name__, type(ops).__name__) if ops is not None else None}
+            "cross_device_ops": _KNOB_VALUE.get(type(ops).__name__, type(ops).__name__) if ops is not None else None}
 
 
 _GENERIC = re.compile(r"^(Graph execution error|Detected at node|Exception encountered|File |Arguments received|\[\[|"
