@@ -26,6 +26,9 @@ from typing import Any, Callable
 
 import optuna
 
+sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
+from knobtune.search.study.effects import FAILED_FACTOR, Effects, EffectsSampler  # noqa: E402
+
 Config = tuple[tuple[str, Any], ...]
 Runs = dict[Config, list[tuple[float, float]]]
 
@@ -55,11 +58,21 @@ class Replay:
         return self.table.get(config, 0.0) / self.best
 
 
-def confirm(replay: Replay, measured: dict[Config, tuple[float, float]], rounds: int, candidates: int = 3) -> Config:
-    """knobtune's confirmation: the fastest feasible candidates and the baseline, drawn ``rounds``
-    times each; the candidate with the best median ratio to the baseline, if it is 3 % faster."""
+def confirm(replay: Replay, measured: dict[Config, tuple[float, float]], rounds: int, candidates: int = 3,
+            model: bool = False) -> Config:
+    """knobtune's confirmation: the fastest feasible candidates (by their trials' rates, or with
+    ``model`` by the per-knob effects model's estimates, as knobtune ranks them) and the baseline,
+    drawn ``rounds`` times each; the candidate with the best median ratio to the baseline, if it is
+    3 % faster."""
+    rank = {c: r for c, (r, _) in measured.items()}
+    if model:
+        ok = [math.log(r) for r, a in measured.values() if r > 0 and a >= replay.floor]
+        low = min(ok) + math.log(FAILED_FACTOR) if ok else 0.0
+        fitted = Effects.fit([(dict(c), math.log(r) if r > 0 and a >= replay.floor else low)
+                              for c, (r, a) in measured.items()])
+        rank = {c: fitted.estimate(dict(c)) for c in measured}
     feasible = sorted((c for c, (r, a) in measured.items() if r > 0 and a >= replay.floor and c != replay.baseline),
-                      key=lambda c: -measured[c][0])[:candidates]
+                      key=lambda c: -rank[c])[:candidates]
     if not feasible:
         return replay.baseline
     ratios = {}
@@ -144,6 +157,8 @@ def main() -> int:
     parser.add_argument("--trials", type=int, default=10)
     parser.add_argument("--seeds", type=int, default=200)
     parser.add_argument("--rounds", type=int, default=5)
+    parser.add_argument("--candidates", type=int, default=3, help="confirmation's top_k (default 3)")
+    parser.add_argument("--only", default="", help="the strategies whose name contains this (default all)")
     parser.add_argument("--advice", default="{}", help="the advice trial's knob values, as JSON")
     args = parser.parse_args()
     optuna.logging.set_verbosity(optuna.logging.WARNING)
@@ -159,9 +174,11 @@ def main() -> int:
         "tpe univariate": sampler_search(lambda s: optuna.samplers.TPESampler(seed=s, n_startup_trials=3)),
         "gp": sampler_search(lambda s: optuna.samplers.GPSampler(seed=s, n_startup_trials=3)),
         "additive": additive,
+        "effects (knobtune's)": sampler_search(lambda s: EffectsSampler(seed=s)),
     }
     print(f"{framework}: {len(runs)} configurations; baseline {dict(base)}; advice {dict(advice)}")
-    for name, strategy in strategies.items():
+    chosen = [(name, s) for name, s in strategies.items() if args.only in name]
+    for (name, strategy), model in [(item, m) for item in chosen for m in (False, True)]:
         found, reach = [], []
         for seed in range(args.seeds):
             replay = Replay(runs, base, random.Random(seed))
@@ -169,7 +186,7 @@ def main() -> int:
             measured: dict[Config, tuple[float, float]] = {}
             for c, m in asked:  # (a configuration asked again keeps its first measurement, as a study skips it)
                 measured.setdefault(c, m)
-            found.append(replay.score(confirm(replay, measured, args.rounds)))
+            found.append(replay.score(confirm(replay, measured, args.rounds, args.candidates, model=model)))
             best, hit = 0.0, None
             for i, (c, _) in enumerate(asked, start=1):
                 best = max(best, replay.score(c))
@@ -177,7 +194,7 @@ def main() -> int:
                     hit = i
             reach.append(hit)
         hits = [h for h in reach if h is not None]
-        print(f"{name:18s} picked / grid best: median {statistics.median(found):.2f}, "
+        print(f"{name:21s} {'model' if model else 'rates'} picked / grid best: median {statistics.median(found):.2f}, "
               f"seeds >= 0.95: {sum(f >= 0.95 for f in found) / len(found):.0%}, worst {min(found):.2f}; "
               f"a trial within 95 %: {len(hits) / len(reach):.0%} of seeds, median trial "
               f"{statistics.median(hits) if hits else float('nan'):.0f}")

@@ -12,7 +12,7 @@ from knobtune.spaces import FRAMEWORKS, for_framework
 from knobtune.trainers.common.names import BUILTIN_WORKLOADS
 from knobtune.trainers.common.wire import Burst
 
-SAMPLERS = ("tpe", "random")
+SAMPLERS = ("tpe", "effects", "random")
 OBJECTIVES = ("throughput", "pareto", "time-to-accuracy")
 LR_SCALINGS = ("none", "linear", "sqrt")
 

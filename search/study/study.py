@@ -29,6 +29,7 @@ from knobtune.search.study import loop, queue, scaling, survival, warmstart
 from knobtune.search.study.confirm import confirm
 from knobtune.search.study.definition import Definition
 from knobtune.search.study.diagnose import diagnose_study, undiagnosable
+from knobtune.search.study.effects import EffectsSampler
 from knobtune.search.study.objective import Plan
 from knobtune.spaces import for_framework
 
@@ -43,6 +44,8 @@ def make_sampler(definition: Definition, total_trials: int, parallel: bool = Fal
     seed = definition.study.seed if seed is None else seed
     if definition.study.sampler == "random":
         return optuna.samplers.RandomSampler(seed=seed)
+    if definition.study.sampler == "effects":
+        return EffectsSampler(seed=seed)
     return optuna.samplers.TPESampler(
         seed=seed,
         multivariate=True,
