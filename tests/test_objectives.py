@@ -342,3 +342,20 @@ def test_a_trial_over_the_memory_headroom_is_infeasible(tmp_path: Path):
     knobtune("run", str(study_file(tmp_path, roomy, "roomy.toml")), *FAST, "--trials", "1", cwd=tmp_path, check=0)
     base = load(tmp_path, "roomy").trials[0]
     assert base.user_attrs["memory_fraction"] < 0.9 and base.constraints["memory"] <= 0 and results.is_feasible(base)
+
+
+def test_the_effects_sampler_runs_a_study_end_to_end(tmp_path: Path):
+    # the per-knob effects model proposes after the baseline and the advice; every configuration it
+    # proposes is new, and the study's verdicts reach it as they reach TPE
+    path = study_file(tmp_path, body("effects", 'sampler = "effects"', trials=5,
+                                     space="batch_size = [16, 32, 64]"))
+    proc = knobtune("run", str(path), *FAST, cwd=tmp_path, check=0)
+    study = load(tmp_path, "effects")
+    measured = [t for t in study.trials if t.user_attrs.get("outcome")]
+    assert len(measured) == 5, proc.stderr
+    keys = [tuple(sorted(t.params.items())) for t in measured]
+    assert len(set(keys)) == len(keys)
+    # (a proposal whose neighbours were all measured gives way to the queue's unmeasured one: "explore")
+    sources = [t.user_attrs.get("source") for t in measured[2:]]
+    assert "effects" in sources and set(sources) <= {"effects", "explore"}
+    assert results.best(study) is not None

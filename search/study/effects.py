@@ -119,7 +119,7 @@ class EffectsSampler(optuna.samplers.BaseSampler):
     The first ``n_startup_trials`` finished trials, and any knob the study has not seen before,
     are drawn at random."""
 
-    def __init__(self, seed: int | None = None, n_startup_trials: int = 2, bonus: float = 0.15) -> None:
+    def __init__(self, seed: int | None = None, n_startup_trials: int = 2, bonus: float = 0.5) -> None:
         self._rng = random.Random(seed)
         self._random = optuna.samplers.RandomSampler(seed=seed)
         self._tpe = optuna.samplers.TPESampler(seed=seed, multivariate=True, group=True)
@@ -133,19 +133,19 @@ class EffectsSampler(optuna.samplers.BaseSampler):
         self._rng = random.Random()
 
     def infer_relative_search_space(self, study: optuna.Study, trial: FrozenTrial) -> dict[str, BaseDistribution]:
-        if study._is_multi_objective():
+        if len(study.directions) > 1:
             return self._tpe.infer_relative_search_space(study, trial)
         return {}
 
     def sample_relative(self, study: optuna.Study, trial: FrozenTrial,
                         search_space: dict[str, BaseDistribution]) -> dict[str, Any]:
-        if study._is_multi_objective():
+        if len(study.directions) > 1:
             return self._tpe.sample_relative(study, trial, search_space)
         return {}
 
     def sample_independent(self, study: optuna.Study, trial: FrozenTrial, param_name: str,
                            param_distribution: BaseDistribution) -> Any:
-        if study._is_multi_objective():
+        if len(study.directions) > 1:
             return self._tpe.sample_independent(study, trial, param_name, param_distribution)
         if trial.number not in self._plans:
             self._plans[trial.number] = self._plan(study, trial)
@@ -158,7 +158,7 @@ class EffectsSampler(optuna.samplers.BaseSampler):
     def after_trial(self, study: optuna.Study, trial: FrozenTrial, state: TrialState,
                     values: Sequence[float] | None) -> None:
         self._plans.pop(trial.number, None)
-        if study._is_multi_objective():
+        if len(study.directions) > 1:
             self._tpe.after_trial(study, trial, state, values)
 
     def _plan(self, study: optuna.Study, trial: FrozenTrial) -> Params | None:
