@@ -11,7 +11,7 @@ import pytest
 
 from knobtune.search.errors import UserError
 from knobtune.search.story import results
-from knobtune.search.study import definition
+from knobtune.search.study import confirm, definition
 
 from conftest import FAST, TINY_BURST, knobtune, study_file
 
@@ -359,3 +359,18 @@ def test_the_effects_sampler_runs_a_study_end_to_end(tmp_path: Path):
     sources = [t.user_attrs.get("source") for t in measured[2:]]
     assert "effects" in sources and set(sources) <= {"effects", "explore"}
     assert results.best(study) is not None
+
+
+def test_confirmation_candidates_that_met_the_final_floor_come_first():
+    # trials #1 and #2 are the fastest but passed only the search's allowance for noise (accuracy
+    # under the baseline's 0.96 - 0.02); #3 and #4 met the final floor: they are confirmed first
+    study = optuna.create_study(direction="maximize")
+    for number, (rate, acc) in enumerate([(100, 0.96), (300, 0.935), (290, 0.938), (200, 0.95), (150, 0.97)]):
+        study.add_trial(optuna.trial.create_trial(
+            params={"batch_size": number}, distributions={"batch_size": optuna.distributions.IntDistribution(0, 9)},
+            value=rate, user_attrs={"outcome": "ok", "val_accuracy": acc, "is_baseline": number == 0,
+                                    "samples_per_second": rate}))
+    chosen, _ = confirm.candidates(study, 3)
+    assert [t.number for t in chosen] == [1, 2, 3]
+    chosen, _ = confirm.candidates(study, 3, floor=0.94)
+    assert [t.number for t in chosen] == [3, 4, 1]

@@ -22,8 +22,11 @@ from knobtune.search.study.objective import Measurement, Plan, final_floor, meas
 ProgressLine = Callable[[str], None]
 
 
-def candidates(study: optuna.Study, top_k: int) -> tuple[list[FrozenTrial], str | None]:
-    """The trials to confirm, and the pick their winner stands for (pareto: the front's picks)."""
+def candidates(study: optuna.Study, top_k: int, floor: float | None = None) -> tuple[list[FrozenTrial], str | None]:
+    """The trials to confirm, and the pick their winner stands for (pareto: the front's picks).
+    With ``floor`` (the final verdict's accuracy floor), trials whose own accuracy already met it
+    come first: one that passed only the search's allowance for noise would, with several seeds,
+    most likely fail the verdict, and a confirmation of nothing but those keeps the baseline."""
     if results.mode(study) == "pareto":
         points = results.front(study)
         picked = [results.pick_from_front(points, p) for p in results.PICKS]
@@ -39,6 +42,8 @@ def candidates(study: optuna.Study, top_k: int) -> tuple[list[FrozenTrial], str 
         if key not in seen and not TrialRecord.of(t).is_baseline:
             seen.add(key)
             out.append(t)
+    if floor is not None:  # (a stable sort: the order by objective holds within each group)
+        out.sort(key=lambda t: (TrialRecord.of(t).val_accuracy or 0.0) < floor)
     return out[:top_k], None
 
 
@@ -86,17 +91,19 @@ def choose_winner(runs: dict[str, list[dict[str, Any]]], base: int, challengers:
 def confirm(study: optuna.Study, plan: Plan, err: TextIO) -> dict[str, Any] | None:
     """Run the confirmation and store it in the study attribute ``confirmed``."""
     cfg = plan.definition.confirm
-    chosen, pick = candidates(study, cfg.top_k)
     base = results.baseline(study)
+    minimize = results.mode(study) == "time-to-accuracy"
+    base_acc = TrialRecord.of(base).measured_accuracies if base is not None else []
+    judged = not minimize and plan.definition.guard.accuracy and base_acc
+    chosen, pick = candidates(study, cfg.top_k,
+                              final_floor(base_acc, plan.definition.guard.max_accuracy_drop) if judged else None)
     if not chosen or base is None or cfg.top_k == 0:
         return None
     noisy = any(TrialRecord.of(t).noisy for t in [*chosen, base])
     repeats = cfg.noisy_repeats if noisy else cfg.repeats
     lineup = [*chosen, base]
-    minimize = results.mode(study) == "time-to-accuracy"
     err.write(f"knobtune: confirming {len(chosen)} candidate(s) and the baseline, {repeats} interleaved rounds"
               f"{' (more rounds: some trials were noisy)' if noisy else ''} ...\n")
-    base_acc = TrialRecord.of(base).measured_accuracies
     runs: dict[str, list[dict[str, Any]]] = {str(t.number): [] for t in lineup}
     order: list[int] = []
     # Each round trains everyone with a fresh seed (the same seed within a round, so the pairing is

@@ -12,7 +12,7 @@ from knobtune.spaces import FRAMEWORKS, for_framework
 from knobtune.trainers.common.names import BUILTIN_WORKLOADS
 from knobtune.trainers.common.wire import Burst
 
-SAMPLERS = ("tpe", "effects", "random")
+SAMPLERS = ("effects", "tpe", "random")
 OBJECTIVES = ("throughput", "pareto", "time-to-accuracy")
 LR_SCALINGS = ("none", "linear", "sqrt")
 
@@ -27,7 +27,7 @@ class StudySection:
     storage: str | None = None
     trials: int = 20
     seed: int | None = None
-    sampler: str = "tpe"
+    sampler: str = "effects"
     description: str = ""
     objective: str = "throughput"
     target_accuracy: float | None = None     # time-to-accuracy: the accuracy to reach
@@ -245,7 +245,7 @@ def parse(text: str, source: str = "<string>", default_name: str | None = None,
             f"{where}: unknown {framework} workload {workload!r}; built-ins: "
             f"{', '.join(BUILTIN_WORKLOADS[framework])}, or 'package.module:factory' for your own"
         )
-    if study.get("sampler", "tpe") not in SAMPLERS:
+    if study.get("sampler", StudySection.sampler) not in SAMPLERS:
         raise UserError(f"{where}: [study] sampler must be one of {', '.join(SAMPLERS)}, got {study['sampler']!r}")
     _check_range(study.get("trials", 1) >= 1, where, "[study] trials", "an integer >= 1", study.get("trials"))
     if not study["name"].strip():

@@ -117,12 +117,13 @@ def observations(trials: Sequence[FrozenTrial], minimize: bool = False) -> list[
 class EffectsSampler(optuna.samplers.BaseSampler):
     """The per-knob effects model's proposals (see the module's docstring); categorical knobs only.
     The first ``n_startup_trials`` finished trials, and any knob the study has not seen before,
-    are drawn at random."""
+    are drawn at random; ``tpe`` samples multi-objective studies."""
 
-    def __init__(self, seed: int | None = None, n_startup_trials: int = 2, bonus: float = 0.5) -> None:
+    def __init__(self, seed: int | None = None, n_startup_trials: int = 2, bonus: float = 0.5,
+                 tpe: optuna.samplers.TPESampler | None = None) -> None:
         self._rng = random.Random(seed)
         self._random = optuna.samplers.RandomSampler(seed=seed)
-        self._tpe = optuna.samplers.TPESampler(seed=seed, multivariate=True, group=True)
+        self._tpe = tpe or optuna.samplers.TPESampler(seed=seed, multivariate=True, group=True)
         self._startup = n_startup_trials
         self._bonus = bonus
         self._plans: dict[int, Params | None] = {}

@@ -39,7 +39,7 @@ def enqueue_baseline(study: optuna.Study, plan: Plan) -> None:
 
 def enqueue_advice(study: optuna.Study, plan: Plan) -> None:
     """Once per study, after its baseline succeeded: the seeds' advice applied by hand."""
-    if StudyRecord.of(study).advice_enqueued or plan.definition.study.sampler != "tpe":
+    if StudyRecord.of(study).advice_enqueued or plan.definition.study.sampler == "random":
         return  # sampler = "random" is plain random search: no expert start
     baseline = plan.space.baseline_params(plan.offer, plan.ctx, plan.definition.baseline)
     advice = plan.space.advice_params(plan.offer, plan.ctx, plan.definition.baseline)

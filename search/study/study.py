@@ -44,15 +44,15 @@ def make_sampler(definition: Definition, total_trials: int, parallel: bool = Fal
     seed = definition.study.seed if seed is None else seed
     if definition.study.sampler == "random":
         return optuna.samplers.RandomSampler(seed=seed)
-    if definition.study.sampler == "effects":
-        return EffectsSampler(seed=seed)
-    return optuna.samplers.TPESampler(
+    tpe = optuna.samplers.TPESampler(
         seed=seed,
         multivariate=True,
         group=True,  # conditional knobs (prefetch_factor only with workers) form their own groups
         n_startup_trials=max(3, min(10, total_trials // 3)),
         constant_liar=parallel,  # trials running at once: keep proposals apart
     )
+    # (the effects model ranks one objective: a pareto study's proposals are TPE's)
+    return EffectsSampler(seed=seed, tpe=tpe) if definition.study.sampler == "effects" else tpe
 
 
 def _hardware(fingerprint: dict[str, Any]) -> dict[str, Any]:
