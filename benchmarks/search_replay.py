@@ -107,6 +107,7 @@ def sampler_search(make: Callable[[int], optuna.samplers.BaseSampler]) -> Strate
             trial = study.ask()
             config = tuple(sorted((k, trial.suggest_categorical(k, v)) for k, v in replay.knobs.items()))
             rate, accuracy = replay.measure(config)
+            trial.set_user_attr("val_accuracy", accuracy)
             study.tell(trial, rate if accuracy >= replay.floor else 0.0)
             asked.append((config, (rate, accuracy)))
         return asked
@@ -175,7 +176,9 @@ def main() -> int:
         "gp": sampler_search(lambda s: optuna.samplers.GPSampler(seed=s, n_startup_trials=3)),
         "additive": additive,
         "effects (knobtune's)": sampler_search(lambda s: EffectsSampler(seed=s)),
+        "effects + accuracy": sampler_search(lambda s: EffectsSampler(seed=s, floor=lambda _: floor)),
     }
+    floor = Replay(runs, base, random.Random(0)).floor
     print(f"{framework}: {len(runs)} configurations; baseline {dict(base)}; advice {dict(advice)}")
     chosen = [(name, s) for name, s in strategies.items() if args.only in name]
     for (name, strategy), model in [(item, m) for item in chosen for m in (False, True)]:

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import math
 import random
+import statistics
 import warnings
 
 import optuna
@@ -55,16 +56,21 @@ def test_unmeasured_configurations_are_estimated_from_their_values():
     assert study.trials[-1].params == BEST
 
 
-@pytest.mark.parametrize("seed", range(5))
-def test_the_sampler_finds_the_best_of_an_additive_space_in_few_trials(seed):
-    study = optuna.create_study(direction="maximize", sampler=EffectsSampler(seed=seed))
-    study.enqueue_trial({"batch_size": 64, "map": 0, "prefetch": 0, "spe": 1})  # the baseline, as knobtune queues it
-    noise = random.Random(seed)
-    study.optimize(lambda t: objective(t, noise), n_trials=10)  # of 32 configurations
-    assert BEST in [t.params for t in study.trials]
-    # it never proposes a configuration twice while unmeasured neighbours exist
-    keys = [tuple(sorted(t.params.items())) for t in study.trials]
-    assert len(set(keys)) == len(keys)
+def test_the_sampler_finds_the_best_of_an_additive_space_in_few_trials():
+    # random search draws the one best of 32 configurations at trial 16 or 17 in the median
+    found_at = []
+    for seed in range(10):
+        study = optuna.create_study(direction="maximize", sampler=EffectsSampler(seed=seed))
+        study.enqueue_trial({"batch_size": 64, "map": 0, "prefetch": 0, "spe": 1})  # the baseline, as knobtune queues it
+        noise = random.Random(seed)
+        study.optimize(lambda t: objective(t, noise), n_trials=16)
+        params = [t.params for t in study.trials]
+        assert BEST in params, f"seed {seed}: {params}"
+        found_at.append(params.index(BEST) + 1)
+        # it never proposes a configuration twice while unmeasured ones exist
+        keys = [tuple(sorted(p.items())) for p in params]
+        assert len(set(keys)) == len(keys)
+    assert statistics.median(found_at) <= 8, found_at
 
 
 def test_failed_trials_count_as_slow_and_skipped_ones_not_at_all():
@@ -109,3 +115,21 @@ def test_multi_objective_studies_get_tpe():
     study = optuna.create_study(directions=["maximize", "maximize"], sampler=EffectsSampler(seed=0))
     study.optimize(lambda t: (objective(t), 1.0), n_trials=4)
     assert len(study.trials) == 4 and all(t.state == optuna.trial.TrialState.COMPLETE for t in study.trials)
+
+
+def accurate_objective(trial: optuna.Trial) -> float:
+    """``rate``, with batch 512 the fastest but under an accuracy floor of 0.94 (as on digits-mlp)."""
+    params = {k: trial.suggest_categorical(k, v) for k, v in SPACE.items()}
+    trial.set_user_attr("val_accuracy", 0.93 if params["batch_size"] == 512 else 0.96)
+    return rate(params)
+
+
+@pytest.mark.parametrize("seed", range(3))
+def test_with_the_verdicts_floor_the_sampler_stops_proposing_what_fails_it(seed):
+    def large_batches(floor: float | None) -> int:
+        study = optuna.create_study(direction="maximize", sampler=EffectsSampler(seed=seed, floor=lambda _: floor))
+        study.enqueue_trial({"batch_size": 64, "map": 0, "prefetch": 0, "spe": 1})
+        study.optimize(accurate_objective, n_trials=10)
+        return sum(t.params["batch_size"] == 512 for t in study.trials)
+
+    assert large_batches(0.94) <= 2 < large_batches(None)

@@ -18,10 +18,11 @@ best: TPE learns the same from many more trials.
 """
 from __future__ import annotations
 
+import itertools
 import math
 import random
 from dataclasses import dataclass
-from typing import Any, Sequence
+from typing import Any, Callable, Sequence
 
 import numpy as np
 import optuna
@@ -31,7 +32,10 @@ from optuna.trial import FrozenTrial, TrialState
 ABSENT = "(not suggested)"  # a conditional knob a trial did not have (prefetch_factor without workers)
 KNOB_PENALTY = 0.3  # ridge penalty on a knob value's effect (log units)
 CONFIG_PENALTY = 1.0  # on a configuration's own term: its measurements must outweigh the model's sum
-FAILED_FACTOR = 0.5  # a failed or infeasible trial counts as this x the worst measured objective
+# accuracy moves little with noise and a lot with a few knobs (batch size): one trial is believed
+ACCURACY_PENALTY = 0.05
+FAILED_FACTOR = 0.5
+ENUMERATED = 4096  # a space this small is searched whole for the best unmeasured proposal  # a failed or infeasible trial counts as this x the worst measured objective
 
 Params = dict[str, Any]
 
@@ -56,7 +60,7 @@ class Effects:
     knobs: list[str]
 
     @classmethod
-    def fit(cls, observations: Sequence[tuple[Params, float]]) -> Effects:
+    def fit(cls, observations: Sequence[tuple[Params, float]], knob_penalty: float = KNOB_PENALTY) -> Effects:
         """Ridge least squares over (params, log objective) pairs (at least one)."""
         knobs = sorted({k for p, _ in observations for k in p})
         rows = [{k: _key(p.get(k, ABSENT)) for k in knobs} for p, _ in observations]
@@ -71,7 +75,7 @@ class Effects:
             x[i, cfg[config_key(params)]] = 1.0
         y = np.array([v for _, v in observations], dtype=float)
         mean = float(y.mean())
-        penalty = np.diag([KNOB_PENALTY] * len(columns) + [CONFIG_PENALTY] * len(configs))
+        penalty = np.diag([knob_penalty] * len(columns) + [CONFIG_PENALTY] * len(configs))
         coef = np.linalg.solve(x.T @ x + penalty, x.T @ (y - mean))
         counts = {c: int(x[:, i].sum()) for c, i in col.items()}
         return cls(mean, {c: float(coef[i]) for c, i in col.items()},
@@ -101,6 +105,13 @@ def _log_objective(trial: FrozenTrial, minimize: bool) -> float | None:
     return -value if minimize else value
 
 
+def accuracies(trials: Sequence[FrozenTrial]) -> list[tuple[Params, float]]:
+    """Every finished trial's held-out accuracy, where it measured one (``val_accuracy``)."""
+    return [(dict(t.params), float(t.user_attrs["val_accuracy"])) for t in trials
+            if t.state in (TrialState.COMPLETE, TrialState.PRUNED)
+            and isinstance(t.user_attrs.get("val_accuracy"), (int, float))]
+
+
 def observations(trials: Sequence[FrozenTrial], minimize: bool = False) -> list[tuple[Params, float]]:
     """Every finished trial that measured something (COMPLETE or PRUNED; a FAIL is a skipped
     duplicate or an interrupted run, which measured nothing), with its log objective; a failed,
@@ -117,10 +128,15 @@ def observations(trials: Sequence[FrozenTrial], minimize: bool = False) -> list[
 class EffectsSampler(optuna.samplers.BaseSampler):
     """The per-knob effects model's proposals (see the module's docstring); categorical knobs only.
     The first ``n_startup_trials`` finished trials, and any knob the study has not seen before,
-    are drawn at random; ``tpe`` samples multi-objective studies."""
+    are drawn at random; ``tpe`` samples multi-objective studies. ``floor`` gives the accuracy the
+    final verdict will ask for (None while unknown): a second model, of the knobs' effects on
+    accuracy, then steers proposals away from configurations it expects under it (a large batch
+    that passes the search's allowance for noise but not the verdict)."""
 
     def __init__(self, seed: int | None = None, n_startup_trials: int = 2, bonus: float = 0.5,
-                 tpe: optuna.samplers.TPESampler | None = None) -> None:
+                 tpe: optuna.samplers.TPESampler | None = None,
+                 floor: Callable[[Sequence[FrozenTrial]], float | None] | None = None) -> None:
+        self._floor = floor
         self._rng = random.Random(seed)
         self._random = optuna.samplers.RandomSampler(seed=seed)
         self._tpe = tpe or optuna.samplers.TPESampler(seed=seed, multivariate=True, group=True)
@@ -192,14 +208,24 @@ class EffectsSampler(optuna.samplers.BaseSampler):
             # a measured trial lacks the conditional knobs it did not suggest: compare on its own
             return any(p and all(_key(params.get(k)) == _key(v) for k, v in p.items()) for p in taken)
 
+        floor = self._floor(trials) if self._floor is not None else None
+        known = accuracies(trials)
+        accuracy = Effects.fit(known, ACCURACY_PENALTY) if floor is not None and len(known) >= self._startup else None
+
+        def allowed(params: Params) -> bool:
+            return accuracy is None or accuracy.estimate(params) >= floor
+
         best = {k: max(vs, key=lambda v, k=k: value(k, v)) for k, vs in choices.items()}
-        if not measured(best):
+        if not measured(best) and allowed(best):
             return best
-        neighbours = [{**best, k: v} for k, vs in choices.items() for v in vs if _key(v) != _key(best[k])]
-        fresh = [p for p in neighbours if not measured(p)]
-        if not fresh:  # every neighbour measured: the queue's duplicate rule explores from here
+        if math.prod(len(vs) for vs in choices.values()) <= ENUMERATED:
+            near = [dict(zip(choices, values)) for values in itertools.product(*choices.values())]
+        else:  # a large space: the configurations one knob away
+            near = [{**best, k: v} for k, vs in choices.items() for v in vs if _key(v) != _key(best[k])]
+        fresh = [p for p in [best, *near] if not measured(p)]
+        if not fresh:  # all measured: the queue's duplicate rule explores from here
             return best
-        return max(fresh, key=score)
+        return max(fresh, key=lambda p: (allowed(p), score(p)))
 
 
 def ranked(trials: Sequence[FrozenTrial], candidates: Sequence[FrozenTrial], minimize: bool = False) -> list[FrozenTrial]:
@@ -213,4 +239,4 @@ def ranked(trials: Sequence[FrozenTrial], candidates: Sequence[FrozenTrial], min
     return sorted(candidates, key=lambda t: -model.estimate(dict(t.params)))
 
 
-__all__ = ["ABSENT", "Effects", "EffectsSampler", "observations", "ranked", "config_key"]
+__all__ = ["ABSENT", "Effects", "EffectsSampler", "accuracies", "observations", "ranked", "config_key"]

@@ -7,10 +7,10 @@ import os
 import random
 import sys
 from dataclasses import replace
-from typing import Any, Callable, TextIO
+from typing import Any, Callable, Sequence, TextIO
 
 import optuna
-from optuna.trial import TrialState
+from optuna.trial import FrozenTrial, TrialState
 
 from knobtune import __version__
 from knobtune.search.errors import RunError, UserError
@@ -30,7 +30,7 @@ from knobtune.search.study.confirm import confirm
 from knobtune.search.study.definition import Definition
 from knobtune.search.study.diagnose import diagnose_study, undiagnosable
 from knobtune.search.study.effects import EffectsSampler
-from knobtune.search.study.objective import Plan
+from knobtune.search.study.objective import Plan, final_floor
 from knobtune.spaces import for_framework
 
 # The fingerprint keys that must match for a resumed study's numbers to compare.
@@ -52,7 +52,22 @@ def make_sampler(definition: Definition, total_trials: int, parallel: bool = Fal
         constant_liar=parallel,  # trials running at once: keep proposals apart
     )
     # (the effects model ranks one objective: a pareto study's proposals are TPE's)
-    return EffectsSampler(seed=seed, tpe=tpe) if definition.study.sampler == "effects" else tpe
+    return EffectsSampler(seed=seed, tpe=tpe, floor=_verdict_floor(definition)) \
+        if definition.study.sampler == "effects" else tpe
+
+
+def _verdict_floor(definition: Definition) -> Callable[[Sequence[FrozenTrial]], float | None] | None:
+    """For the effects sampler: the accuracy the final verdict will ask of a winner (the ok
+    baseline's mean accuracy minus max_accuracy_drop), once the baseline is measured; None for a
+    study whose guard is not on accuracy, or whose objective sets its own target."""
+    if definition.study.objective != "throughput" or not definition.guard.accuracy:
+        return None
+
+    def floor(trials: Sequence[FrozenTrial]) -> float | None:
+        base = [TrialRecord.of(t) for t in trials if t.state == TrialState.COMPLETE]
+        accs = [r.measured_accuracies for r in base if r.is_baseline and r.ok and r.measured_accuracies]
+        return final_floor(accs[-1], definition.guard.max_accuracy_drop) if accs else None
+    return floor
 
 
 def _hardware(fingerprint: dict[str, Any]) -> dict[str, Any]:
