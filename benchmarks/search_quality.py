@@ -196,8 +196,8 @@ def main() -> int:
 
     k_found, r_found = statistics.median(found["knobtune"]), statistics.median(found["random"])
     knob_best = statistics.median([score(w.params) for w in winners]) or float("nan")
-    print(f"\n=== search quality on digits-mlp ({fw}), this machine; knobtune's sampler {args.sampler or default_sampler}; "
-          f"{len(grid)} configurations, "
+    print(f"\n=== search quality on digits-mlp ({fw}), this machine; knobtune's sampler "
+          f"{args.sampler or default_sampler}; {len(grid)} configurations, "
           f"{len(feasible)} pass the accuracy guard (>= {floor:.3f}); budget {args.trials} trials, {args.seeds} seeds ===")
     print(f"grid best: {grid_best:,.0f} samples/s")
     print(f"best found / grid best     knobtune {k_found:.2f} (seeds {[round(v, 2) for v in found['knobtune']]})   "

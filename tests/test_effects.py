@@ -61,7 +61,7 @@ def test_the_sampler_finds_the_best_of_an_additive_space_in_few_trials():
     found_at = []
     for seed in range(10):
         study = optuna.create_study(direction="maximize", sampler=EffectsSampler(seed=seed))
-        study.enqueue_trial({"batch_size": 64, "map": 0, "prefetch": 0, "spe": 1})  # the baseline, as knobtune queues it
+        study.enqueue_trial({"batch_size": 64, "map": 0, "prefetch": 0, "spe": 1})  # the baseline first, as knobtune
         noise = random.Random(seed)
         study.optimize(lambda t: objective(t, noise), n_trials=16)
         params = [t.params for t in study.trials]

@@ -13,8 +13,11 @@ best: TPE learns the same from many more trials.
   broke the accuracy guard or was stopped early counts as half as good as the worst measured.
 - ``EffectsSampler``: each trial, every knob at its best effect plus a bonus for values tried
   least (bonus / sqrt(1 + trials with that value)); when that configuration has been measured,
-  or is being measured, the best configuration one knob away that has not. Multi-objective
+  or is being measured, the best one that has not (of the whole space when it is small, else one
+  knob away). With the final verdict's accuracy floor, a second model (of accuracy, from
+  ``accuracies``) steers it away from configurations expected under the floor. Multi-objective
   (``pareto``) studies get TPE: one log-rate model does not rank a front.
+- ``ranked``: candidates best first by the model's estimate (a tool for benchmarks/search_replay.py).
 """
 from __future__ import annotations
 
@@ -32,10 +35,9 @@ from optuna.trial import FrozenTrial, TrialState
 ABSENT = "(not suggested)"  # a conditional knob a trial did not have (prefetch_factor without workers)
 KNOB_PENALTY = 0.3  # ridge penalty on a knob value's effect (log units)
 CONFIG_PENALTY = 1.0  # on a configuration's own term: its measurements must outweigh the model's sum
-# accuracy moves little with noise and a lot with a few knobs (batch size): one trial is believed
-ACCURACY_PENALTY = 0.05
-FAILED_FACTOR = 0.5
-ENUMERATED = 4096  # a space this small is searched whole for the best unmeasured proposal  # a failed or infeasible trial counts as this x the worst measured objective
+ACCURACY_PENALTY = 0.05  # accuracy moves little with noise and much with a few knobs (batch size)
+FAILED_FACTOR = 0.5  # a failed or infeasible trial counts as this x the worst measured objective
+ENUMERATED = 4096  # a space this small is searched whole for the best unmeasured proposal
 
 Params = dict[str, Any]
 
@@ -228,7 +230,8 @@ class EffectsSampler(optuna.samplers.BaseSampler):
         return max(fresh, key=lambda p: (allowed(p), score(p)))
 
 
-def ranked(trials: Sequence[FrozenTrial], candidates: Sequence[FrozenTrial], minimize: bool = False) -> list[FrozenTrial]:
+def ranked(trials: Sequence[FrozenTrial], candidates: Sequence[FrozenTrial],
+           minimize: bool = False) -> list[FrozenTrial]:
     """``candidates`` (one trial per configuration) best first by the model's estimate, which pools
     each configuration's own measurements with what its knob values did elsewhere: a noisy trial
     that measured high by luck no longer outranks a configuration the rest of the study backs."""
