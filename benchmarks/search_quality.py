@@ -73,7 +73,8 @@ def main() -> int:
                         help="paired burst / 10x runs of the winner for the prediction error (default 5)")
     parser.add_argument("--grid-repeats", type=int, default=3,
                         help="passes over the grid, each with its own seed; a config is scored by its median "
-                             "rate and mean accuracy (default 3)")
+                             "rate and mean accuracy (default 3; a --grid-file with fewer gets the rest measured "
+                             "and added, one with more is read whole)")
     args = parser.parse_args()
     fw = args.framework
 
@@ -94,19 +95,22 @@ def main() -> int:
     grid = list(space.grid(offer))
     measured: dict[tuple, list[tuple[float, float]]] = {key(p): [] for p in grid}
     kept = _read_grid(args.grid_file, fw, SPACES[fw], measured)
+    done = min(len(v) for v in kept.values()) if kept is not None else 0
     if kept is not None:
-        measured = kept
-        print(f"1. exhaustive grid ({fw}): {len(grid)} configurations, read from {args.grid_file} "
-              f"({min(len(v) for v in measured.values())} passes)", flush=True)
+        measured = {k: v[:done] for k, v in kept.items()}
+        print(f"1. exhaustive grid ({fw}): {len(grid)} configurations, {done} passes read from {args.grid_file}"
+              + (f", {args.grid_repeats - done} more to measure" if args.grid_repeats > done else ""), flush=True)
     else:
         print(f"1. exhaustive grid ({fw}): {len(grid)} configurations, {args.grid_repeats} passes", flush=True)
-        for rep in range(args.grid_repeats):  # each pass with its own seed: accuracies vary as they do
+    if args.grid_repeats > done:
+        for rep in range(done, args.grid_repeats):  # each pass with its own seed: accuracies vary as they do
             for i, params in enumerate(grid):
                 r = run_params(plan, params, f"{rep + 1}:{i + 1}/{len(grid)}", seed_offset=rep)
                 measured[key(params)].append((r.samples_per_second or 0.0, r.val_accuracy or 0.0))
         if args.grid_file is not None:
             args.grid_file.write_text(json.dumps({"framework": fw, "space": SPACES[fw],
                                                   "runs": [[list(map(list, k)), v] for k, v in measured.items()]}))
+    print(f"   {min(len(v) for v in measured.values())} passes", flush=True)
     spreads = [max(r for r, _ in v) / min(r for r, _ in v) - 1 for v in measured.values() if min(r for r, _ in v) > 0]
     print(f"   the grid's own spread: a configuration's fastest pass over its slowest, median "
           f"{statistics.median(spreads):.0%}, max {max(spreads):.0%}", flush=True)
