@@ -12,6 +12,7 @@ import argparse
 import json
 import os
 import signal
+import sys
 from pathlib import Path
 
 import torch
@@ -92,7 +93,10 @@ def main() -> None:
         print(f"epoch {epoch + 1} done", flush=True)
     if not args.no_report:
         kt.report(val_accuracy=evaluate())
-    print("stats " + json.dumps(kt.stats()), flush=True)
+    # one write of the whole line: under torchrun every rank shares this stdout, and print's text and
+    # its newline can go out as two writes (unbuffered stdout) with another rank's line between them
+    sys.stdout.write("stats " + json.dumps(kt.stats()) + "\n")
+    sys.stdout.flush()
 
 
 if __name__ == "__main__":
