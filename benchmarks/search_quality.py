@@ -65,8 +65,8 @@ def main() -> int:
     parser.add_argument("--framework", choices=sorted(SPACES), default="pytorch")
     parser.add_argument("--trials", type=int, default=10, help="trial budget per search (default 10)")
     parser.add_argument("--seeds", type=int, default=5)
-    parser.add_argument("--sampler", default=None, choices=SAMPLERS,
-                        help="knobtune's sampler (default: the study file's default, [study] sampler's)")
+    parser.add_argument("--sampler", default=StudySection.sampler, choices=SAMPLERS,
+                        help=f"knobtune's sampler (default {StudySection.sampler!r}, a study file's default)")
     parser.add_argument("--grid-file", type=Path, default=None,
                         help="the measured grid, read when it holds this framework's space, else measured and written")
     parser.add_argument("--long-repeats", type=int, default=5,
@@ -83,7 +83,6 @@ def main() -> int:
         t = t.replace("[baseline]\nbatch_size = 64\n", "[baseline]\nbatch_size = 64\n" + BASELINE_EXTRA[fw])
         return t.replace(f"seed = {seed}\n", f"seed = {seed}\nsampler = \"{sampler}\"\n")
 
-    default_sampler = StudySection.sampler
     plan = plan_for(text("grid", 0))
     space, offer = plan.space, plan.offer
     drop = plan.definition.guard.max_accuracy_drop
@@ -158,7 +157,7 @@ def main() -> int:
         url = f"sqlite:///{Path(tmp) / 'quality.db'}"
         for seed in range(args.seeds):
             studies = {}
-            for strategy, sampler in (("knobtune", args.sampler or default_sampler), ("random", "random")):
+            for strategy, sampler in (("knobtune", args.sampler), ("random", "random")):
                 print(f"\n2. seed {seed}: {strategy}, {args.trials} trials", flush=True)
                 study, _ = run_study(text(f"{strategy}-{seed}", seed, sampler), url, confirm=strategy == "knobtune")
                 studies[strategy] = study
@@ -201,7 +200,7 @@ def main() -> int:
     k_found, r_found = statistics.median(found["knobtune"]), statistics.median(found["random"])
     knob_best = statistics.median([score(w.params) for w in winners]) or float("nan")
     print(f"\n=== search quality on digits-mlp ({fw}), this machine; knobtune's sampler "
-          f"{args.sampler or default_sampler}; {len(grid)} configurations, "
+          f"{args.sampler}; {len(grid)} configurations, "
           f"{len(feasible)} pass the accuracy guard (>= {floor:.3f}); budget {args.trials} trials, {args.seeds} seeds ===")
     print(f"grid best: {grid_best:,.0f} samples/s")
     print(f"best found / grid best     knobtune {k_found:.2f} (seeds {[round(v, 2) for v in found['knobtune']]})   "

@@ -27,7 +27,7 @@ from typing import Any, Callable
 import optuna
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
-from knobtune.search.study.effects import FAILED_FACTOR, Effects, EffectsSampler  # noqa: E402
+from knobtune.search.study.effects import Effects, EffectsSampler, with_failures  # noqa: E402
 
 Config = tuple[tuple[str, Any], ...]
 Runs = dict[Config, list[tuple[float, float]]]
@@ -60,16 +60,15 @@ class Replay:
 
 def confirm(replay: Replay, measured: dict[Config, tuple[float, float]], rounds: int, candidates: int = 3,
             model: bool = False) -> Config:
-    """knobtune's confirmation: the fastest feasible candidates (by their trials' rates, or with
-    ``model`` by the per-knob effects model's estimates, as knobtune ranks them) and the baseline,
+    """knobtune's confirmation: the fastest feasible candidates (by their trials' rates, as knobtune
+    ranks them, or with ``model`` by the per-knob effects model's estimates) and the baseline,
     drawn ``rounds`` times each; the candidate with the best median ratio to the baseline, if it is
     3 % faster."""
     rank = {c: r for c, (r, _) in measured.items()}
-    if model:
-        ok = [math.log(r) for r, a in measured.values() if r > 0 and a >= replay.floor]
-        low = min(ok) + math.log(FAILED_FACTOR) if ok else 0.0
-        fitted = Effects.fit([(dict(c), math.log(r) if r > 0 and a >= replay.floor else low)
-                              for c, (r, a) in measured.items()])
+    seen = with_failures([(dict(c), math.log(r) if r > 0 and a >= replay.floor else None)
+                          for c, (r, a) in measured.items()])
+    if model and seen:
+        fitted = Effects.fit(seen)
         rank = {c: fitted.estimate(dict(c)) for c in measured}
     feasible = sorted((c for c, (r, a) in measured.items() if r > 0 and a >= replay.floor and c != replay.baseline),
                       key=lambda c: -rank[c])[:candidates]
@@ -114,39 +113,6 @@ def sampler_search(make: Callable[[int], optuna.samplers.BaseSampler]) -> Strate
     return search
 
 
-def additive(replay: Replay, budget: int, first: list[Config], seed: int, bonus: float = 0.15) -> list[Trial]:
-    """A model of per-knob effects: log(rate) as a sum of one effect per knob value (ridge least
-    squares over every trial so far; a failed or infeasible trial counts as half the slowest rate),
-    and the next trial the configuration of the best effects plus a bonus for values tried least."""
-    import numpy as np
-
-    rng = random.Random(seed)
-    columns = [(k, v) for k, values in replay.knobs.items() for v in values]
-    trials: list[Trial] = []
-    for config in first:
-        trials.append((config, replay.measure(config)))
-    while len(trials) < budget:
-        ok = [r for _, (r, a) in trials if r > 0 and a >= replay.floor]
-        low = math.log(min(ok) / 2) if ok else 0.0
-        x = np.array([[1.0 if dict(c)[k] == v else 0.0 for k, v in columns] for c, _ in trials])
-        y = np.array([math.log(r) if r > 0 and a >= replay.floor else low for _, (r, a) in trials])
-        mean = y.mean()
-        coef = np.linalg.solve(x.T @ x + 0.3 * np.eye(len(columns)), x.T @ (y - mean))
-        counts = x.sum(axis=0)
-        value = {col: coef[i] + bonus / math.sqrt(1 + counts[i]) + rng.uniform(0, 1e-6)  # (ties broken at random)
-                 for i, col in enumerate(columns)}
-        config = tuple(sorted((k, max(values, key=lambda v: value[(k, v)])) for k, values in replay.knobs.items()))
-        seen = {c for c, _ in trials}
-        if config in seen:  # the model's best is measured: the least-tried neighbour of it
-            neighbours = [tuple(sorted({**dict(config), k: v}.items())) for k, vs in replay.knobs.items() for v in vs]
-            fresh = [c for c in neighbours if c not in seen]
-            if not fresh:
-                fresh = [c for c in replay.runs if c not in seen] or [config]
-            config = max(fresh, key=lambda c: sum(value[(k, v)] for k, v in c))
-        trials.append((config, replay.measure(config)))
-    return trials
-
-
 # knobtune's TPE (search/study/study.py: make_sampler) for a budget of 9 to 11 trials, one study at a time
 tpe = sampler_search(lambda seed: optuna.samplers.TPESampler(seed=seed, multivariate=True, group=True,
                                                              n_startup_trials=3))
@@ -174,7 +140,6 @@ def main() -> int:
         "tpe (knobtune's)": tpe,
         "tpe univariate": sampler_search(lambda s: optuna.samplers.TPESampler(seed=s, n_startup_trials=3)),
         "gp": sampler_search(lambda s: optuna.samplers.GPSampler(seed=s, n_startup_trials=3)),
-        "additive": additive,
         "effects (knobtune's)": sampler_search(lambda s: EffectsSampler(seed=s)),
         "effects + accuracy": sampler_search(lambda s: EffectsSampler(seed=s, floor=lambda _: floor)),
     }

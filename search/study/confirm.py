@@ -17,7 +17,7 @@ from knobtune.search.storage import record
 from knobtune.search.storage.record import TrialRecord
 from knobtune.search.story import results
 from knobtune.search.story.progress import rate as fmt
-from knobtune.search.study.objective import Measurement, Plan, final_floor, measure, objective_values
+from knobtune.search.study.objective import Measurement, Plan, final_floor, measure, objective_values, verdict_floor
 
 ProgressLine = Callable[[str], None]
 
@@ -92,13 +92,11 @@ def confirm(study: optuna.Study, plan: Plan, err: TextIO) -> dict[str, Any] | No
     """Run the confirmation and store it in the study attribute ``confirmed``."""
     cfg = plan.definition.confirm
     base = results.baseline(study)
-    minimize = results.mode(study) == "time-to-accuracy"
-    base_acc = TrialRecord.of(base).measured_accuracies if base is not None else []
-    judged = not minimize and plan.definition.guard.accuracy and base_acc
-    chosen, pick = candidates(study, cfg.top_k,
-                              final_floor(base_acc, plan.definition.guard.max_accuracy_drop) if judged else None)
+    chosen, pick = candidates(study, cfg.top_k, verdict_floor(plan.definition, TrialRecord.of(base) if base else None))
     if not chosen or base is None or cfg.top_k == 0:
         return None
+    minimize = results.mode(study) == "time-to-accuracy"
+    base_acc = TrialRecord.of(base).measured_accuracies
     noisy = any(TrialRecord.of(t).noisy for t in [*chosen, base])
     repeats = cfg.noisy_repeats if noisy else cfg.repeats
     lineup = [*chosen, base]

@@ -17,7 +17,6 @@ best: TPE learns the same from many more trials.
   knob away). With the final verdict's accuracy floor, a second model (of accuracy, from
   ``accuracies``) steers it away from configurations expected under the floor. Multi-objective
   (``pareto``) studies get TPE: one log-rate model does not rank a front.
-- ``ranked``: candidates best first by the model's estimate (a tool for benchmarks/search_replay.py).
 """
 from __future__ import annotations
 
@@ -119,12 +118,17 @@ def observations(trials: Sequence[FrozenTrial], minimize: bool = False) -> list[
     duplicate or an interrupted run, which measured nothing), with its log objective; a failed,
     infeasible or pruned one gets ``FAILED_FACTOR`` x the worst feasible objective measured."""
     finished = [t for t in trials if t.state in (TrialState.COMPLETE, TrialState.PRUNED)]
-    values = [(t, _log_objective(t, minimize)) for t in finished]
+    return with_failures([(dict(t.params), _log_objective(t, minimize)) for t in finished])
+
+
+def with_failures(values: Sequence[tuple[Params, float | None]]) -> list[tuple[Params, float]]:
+    """(params, log objective or None for a failure): each failure at ``FAILED_FACTOR`` x the worst
+    value measured; nothing while no value is known."""
     good = [v for _, v in values if v is not None]
     if not good:
         return []
     low = min(good) + math.log(FAILED_FACTOR)
-    return [(dict(t.params), low if v is None else v) for t, v in values]
+    return [(p, low if v is None else v) for p, v in values]
 
 
 class EffectsSampler(optuna.samplers.BaseSampler):
@@ -193,22 +197,27 @@ class EffectsSampler(optuna.samplers.BaseSampler):
                 if isinstance(dist, CategoricalDistribution) and name not in choices:
                     choices[name] = list(dist.choices)
         model = Effects.fit(seen)
-        # measured or being measured (this run's or another worker's): not proposed again
+        # measured or being measured (this run's or another worker's): not proposed again. A trial
+        # lacks the conditional knobs it did not suggest, so each is compared on its own knobs.
         taken = [dict(t.params) for t in trials if t.number != trial.number
                  and t.state in (TrialState.COMPLETE, TrialState.PRUNED, TrialState.RUNNING)]
         taken += [dict(t.system_attrs.get("fixed_params", {})) for t in trials
                   if t.number != trial.number and t.state == TrialState.WAITING]
-
-        def value(knob: str, v: Any) -> float:
-            return (model.effect(knob, v) + self._bonus / math.sqrt(1 + model.count(knob, v))
-                    + self._rng.uniform(0, 1e-9))  # (ties broken at random)
-
-        def score(params: Params) -> float:
-            return sum(value(k, v) for k, v in params.items())
+        by_knobs: dict[tuple[str, ...], set[tuple]] = {}
+        for p in taken:
+            if p:
+                names = tuple(sorted(p))
+                by_knobs.setdefault(names, set()).add(tuple(_key(p[k]) for k in names))
 
         def measured(params: Params) -> bool:
-            # a measured trial lacks the conditional knobs it did not suggest: compare on its own
-            return any(p and all(_key(params.get(k)) == _key(v) for k, v in p.items()) for p in taken)
+            return any(tuple(_key(params.get(k)) for k in names) in values for names, values in by_knobs.items())
+
+        value = {(k, _key(v)): model.effect(k, v) + self._bonus / math.sqrt(1 + model.count(k, v))
+                 + self._rng.uniform(0, 1e-9)  # (ties broken at random)
+                 for k, vs in choices.items() for v in vs}
+
+        def score(params: Params) -> float:
+            return sum(value[(k, _key(v))] for k, v in params.items())
 
         floor = self._floor(trials) if self._floor is not None else None
         known = accuracies(trials)
@@ -217,7 +226,7 @@ class EffectsSampler(optuna.samplers.BaseSampler):
         def allowed(params: Params) -> bool:
             return accuracy is None or accuracy.estimate(params) >= floor
 
-        best = {k: max(vs, key=lambda v, k=k: value(k, v)) for k, vs in choices.items()}
+        best = {k: max(vs, key=lambda v, k=k: value[(k, _key(v))]) for k, vs in choices.items()}
         if not measured(best) and allowed(best):
             return best
         if math.prod(len(vs) for vs in choices.values()) <= ENUMERATED:
@@ -230,16 +239,4 @@ class EffectsSampler(optuna.samplers.BaseSampler):
         return max(fresh, key=lambda p: (allowed(p), score(p)))
 
 
-def ranked(trials: Sequence[FrozenTrial], candidates: Sequence[FrozenTrial],
-           minimize: bool = False) -> list[FrozenTrial]:
-    """``candidates`` (one trial per configuration) best first by the model's estimate, which pools
-    each configuration's own measurements with what its knob values did elsewhere: a noisy trial
-    that measured high by luck no longer outranks a configuration the rest of the study backs."""
-    seen = observations(trials, minimize)
-    if not seen:
-        return list(candidates)
-    model = Effects.fit(seen)
-    return sorted(candidates, key=lambda t: -model.estimate(dict(t.params)))
-
-
-__all__ = ["ABSENT", "Effects", "EffectsSampler", "accuracies", "observations", "ranked", "config_key"]
+__all__ = ["ABSENT", "Effects", "EffectsSampler", "accuracies", "config_key", "observations", "with_failures"]

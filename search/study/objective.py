@@ -273,6 +273,15 @@ def final_floor(baseline_accuracies: list[float], max_drop: float) -> float:
     return round(statistics.fmean(baseline_accuracies) - max_drop, 6)
 
 
+def verdict_floor(definition: Definition, baseline: TrialRecord | None) -> float | None:
+    """``final_floor`` of ``baseline``'s measured accuracies; None when the guard is not on
+    accuracy, the objective sets its own target (time-to-accuracy) or no accuracy is known."""
+    if definition.study.objective == "time-to-accuracy" or not definition.guard.accuracy or baseline is None:
+        return None
+    accuracies = baseline.measured_accuracies
+    return final_floor(accuracies, definition.guard.max_accuracy_drop) if accuracies else None
+
+
 def objective_values(measured: Measurement, definition: Definition, base_accuracies: list[float] | None
                      ) -> tuple[list[float], float, dict[str, Any]]:
     """An ok trial's values (one per study direction), its accuracy constraint, extra fields of

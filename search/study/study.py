@@ -30,7 +30,7 @@ from knobtune.search.study.confirm import confirm
 from knobtune.search.study.definition import Definition
 from knobtune.search.study.diagnose import diagnose_study, undiagnosable
 from knobtune.search.study.effects import EffectsSampler
-from knobtune.search.study.objective import Plan, final_floor
+from knobtune.search.study.objective import Plan, verdict_floor
 from knobtune.spaces import for_framework
 
 # The fingerprint keys that must match for a resumed study's numbers to compare.
@@ -56,17 +56,12 @@ def make_sampler(definition: Definition, total_trials: int, parallel: bool = Fal
         if definition.study.sampler == "effects" else tpe
 
 
-def _verdict_floor(definition: Definition) -> Callable[[Sequence[FrozenTrial]], float | None] | None:
-    """For the effects sampler: the accuracy the final verdict will ask of a winner (the ok
-    baseline's mean accuracy minus max_accuracy_drop), once the baseline is measured; None for a
-    study whose guard is not on accuracy, or whose objective sets its own target."""
-    if definition.study.objective != "throughput" or not definition.guard.accuracy:
-        return None
-
+def _verdict_floor(definition: Definition) -> Callable[[Sequence[FrozenTrial]], float | None]:
+    """For the effects sampler: ``verdict_floor`` of the study's latest ok baseline, once measured."""
     def floor(trials: Sequence[FrozenTrial]) -> float | None:
-        base = [TrialRecord.of(t) for t in trials if t.state == TrialState.COMPLETE]
-        accs = [r.measured_accuracies for r in base if r.is_baseline and r.ok and r.measured_accuracies]
-        return final_floor(accs[-1], definition.guard.max_accuracy_drop) if accs else None
+        bases = [r for r in (TrialRecord.of(t) for t in trials if t.state == TrialState.COMPLETE)
+                 if r.is_baseline and r.ok]
+        return verdict_floor(definition, bases[-1] if bases else None)
     return floor
 
 
