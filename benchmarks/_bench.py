@@ -2,6 +2,7 @@
 from __future__ import annotations
 
 import argparse
+import math
 import os
 import statistics
 import sys
@@ -152,3 +153,28 @@ def arguments(doc: str, trials: int, frameworks: tuple[str, ...] = ()) -> argpar
 def median(values: Iterable[float]) -> float:
     values = list(values)
     return statistics.median(values) if values else float("nan")
+
+
+def settled(table: dict[tuple, tuple[float, float]], top: dict[tuple, list[tuple[float, float]]],
+            measured: dict[tuple, list[tuple[float, float]]]) -> dict[tuple, tuple[float, float]]:
+    """``table`` with the top configurations' rates from their paired rounds: in each round every
+    one of them ran within a minute, so a configuration's median ratio to the round's geometric
+    mean ranks it free of the machine's drift between passes; the group keeps its level (the
+    geometric mean of its grid medians). Their accuracies are the mean over passes and rounds."""
+    if not top:
+        return dict(table)
+    rounds = min(len(v) for v in top.values())
+    ratios: dict[tuple, list[float]] = {k: [] for k in top}
+    for r in range(rounds):
+        rates = {k: v[r][0] for k, v in top.items() if v[r][0] > 0}
+        if len(rates) < 2:
+            continue
+        level = math.exp(statistics.fmean(math.log(x) for x in rates.values()))
+        for k, x in rates.items():
+            ratios[k].append(x / level)
+    level = math.exp(statistics.fmean(math.log(table[k][0]) for k in top))
+    out = dict(table)
+    for k, got in ratios.items():
+        accuracies = [a for _, a in measured[k]] + [a for x, a in top[k] if x > 0]
+        out[k] = (statistics.median(got) * level if got else table[k][0], statistics.fmean(accuracies))
+    return out

@@ -1,10 +1,11 @@
 """Search quality: knobtune's search vs Optuna's RandomSampler vs a Lightning-style policy.
 
-One run on this machine, on digits-mlp, over a space small enough to enumerate:
+One run on this machine, on digits-mlp, over a space small enough to enumerate (--space: small, 32
+configurations; TensorFlow's xla adds jit_compile, 64):
   1. the exhaustive grid, each configuration measured in --grid-repeats passes with different
      seeds: the reference table (median rate, mean accuracy; the guard's floor is knobtune's final
      rule applied to the grid's runs of the baseline);
-  2. for each seed, with the same trial budget: a knobtune study (TPE, baseline, the seeds'
+  2. for each seed, with the same trial budget: a knobtune study (its sampler, baseline, the seeds'
      advice, confirmation of the winner) and a plain random-search study (RandomSampler, the
      baseline first as the accuracy guard needs it, no advice, no confirmation);
   3. the Lightning-style policy: the largest batch that runs, every other knob at its default;
@@ -18,38 +19,48 @@ reach 95 % of the grid best (knobtune vs random), Lightning-style / knobtune, an
 prediction error; each with its spread over the seeds. --grid-file keeps the measured grid (per
 framework and space) so that later runs on the same machine compare searches on one reference.
 
-    .venv/bin/python benchmarks/search_quality.py [--framework pytorch] [--trials 10] [--seeds 5]
-        [--grid-file grid-pytorch.json]
+    .venv/bin/python benchmarks/search_quality.py [--framework pytorch] [--space small] [--trials 10]
+        [--seeds 5] [--grid-file grid-pytorch.json]
 """
 from __future__ import annotations
 
 import argparse
 import json
+import math
+import random
 import statistics
 import sys
 import tempfile
 from dataclasses import replace
 from pathlib import Path
-from typing import Any
+from typing import Any, Callable
+
+from optuna.trial import FrozenTrial
 
 from knobtune.search.storage.record import TrialRecord
 from knobtune.search.study.definition import SAMPLERS, StudySection
 from knobtune.search.study.objective import final_floor
 
-from _bench import plan_for, run_params, run_study, space_lines, study_text
+from _bench import plan_for, run_params, run_study, settled, space_lines, study_text
 
-SPACES = {
-    "pytorch": space_lines("pytorch", {"batch_size": [64, 128, 256, 512], "num_workers": [0, 2],
-                                       "intra_op_threads": [0, 1], "amp": ["off", "bf16"], "persistent_workers": [True]}),
-    "tensorflow": space_lines("tensorflow", {"batch_size": [64, 128, 256, 512], "map_parallel_calls": [0, "autotune"],
-                                             "prefetch": [0, "autotune"], "steps_per_execution": [1, 8]}),
+SEARCHED = {
+    "pytorch": {"batch_size": [64, 128, 256, 512], "num_workers": [0, 2], "intra_op_threads": [0, 1],
+                "amp": ["off", "bf16"], "persistent_workers": [True]},
+    "tensorflow": {"batch_size": [64, 128, 256, 512], "map_parallel_calls": [0, "autotune"],
+                   "prefetch": [0, "autotune"], "steps_per_execution": [1, 8]},
 }
+# (framework, --space): "small" is 32 configurations; TensorFlow's "xla" adds jit_compile (64), the knob a
+# TF user tries first, which on this CPU costs about a third of the rate: a space where knobs matter
+SPACES = {(fw, "small"): space_lines(fw, searched) for fw, searched in SEARCHED.items()}
+SPACES["tensorflow", "xla"] = space_lines("tensorflow", {**SEARCHED["tensorflow"], "jit_compile": [False, True]})
 BASELINE_EXTRA = {"pytorch": "persistent_workers = true\n", "tensorflow": ""}
+TOP_BAND = 0.10  # configurations this close to the grid's best are settled in paired rounds
 
 
 def _read_grid(path: Path | None, framework: str, space: str,
-               expected: dict[tuple, list[tuple[float, float]]]) -> dict[tuple, list[tuple[float, float]]] | None:
-    """The grid measured earlier at ``path``, when it holds this framework's space and every configuration."""
+               expected: dict[tuple, list[tuple[float, float]]]) -> tuple[dict, dict] | None:
+    """The grid measured earlier at ``path`` (its passes, and the paired rounds of its top when
+    measured), when it holds this framework's space and every configuration."""
     if path is None or not path.exists():
         return None
     data = json.loads(path.read_text())
@@ -57,12 +68,77 @@ def _read_grid(path: Path | None, framework: str, space: str,
         print(f"   {path} holds another framework or space: measuring the grid again", flush=True)
         return None
     runs = {tuple(tuple(pair) for pair in k): [tuple(r) for r in v] for k, v in data["runs"]}
-    return runs if set(runs) == set(expected) else None
+    top = {tuple(tuple(pair) for pair in k): [tuple(r) for r in v] for k, v in data.get("top", [])}
+    return (runs, top) if set(runs) == set(expected) else None
+
+
+def _write_grid(path: Path, framework: str, space: str, runs: dict, top: dict) -> None:
+    path.write_text(json.dumps({"framework": framework, "space": space,
+                                "runs": [[list(map(list, k)), v] for k, v in runs.items()],
+                                "top": [[list(map(list, k)), v] for k, v in top.items()]}))
+
+
+def _summary(name: str, ref: dict[tuple, tuple[float, float]], floor: float, key: Callable[[dict], tuple],
+             picks: dict[str, list[FrozenTrial | None]], searches: dict[str, list[Any]], budgets: list[float],
+             trials: int) -> None:
+    """The comparison's lines, every choice scored by the reference ``ref`` (rate, accuracy per
+    configuration; one under ``floor`` scores 0)."""
+    best = max(rate for rate, acc in ref.values() if acc >= floor)
+
+    def score(params: dict[str, Any]) -> float:
+        rate, acc = ref.get(key(params), (0.0, 0.0))
+        return rate / best if acc >= floor else 0.0
+
+    def within_wall(study: Any, budget: float) -> float:
+        """The best measured among the trials that finished within ``budget`` seconds of trial time."""
+        spent, got = 0.0, 0.0
+        for t in sorted(study.trials, key=lambda t: t.number):
+            if t.datetime_start is None or t.datetime_complete is None:
+                continue
+            spent += (t.datetime_complete - t.datetime_start).total_seconds()
+            if spent > budget:
+                break
+            got = max(got, score(t.params))
+        return got
+
+    def to_95(study: Any) -> int | None:
+        got = 0.0
+        numbered = [t for t in sorted(study.trials, key=lambda t: t.number) if TrialRecord.of(t).outcome]
+        for i, t in enumerate(numbered, start=1):
+            got = max(got, score(t.params))
+            if got >= 0.95:
+                return i
+        return None
+
+    found = {s: [score(p.params) if p else 0.0 for p in ps] for s, ps in picks.items()}
+    in_wall = {s: [within_wall(st, b) for st, b in zip(ss, budgets)] for s, ss in searches.items()}
+    reach = {s: [to_95(st) for st in ss] for s, ss in searches.items()}
+
+    def seeds(values: list[float]) -> str:
+        return f"{statistics.median(values):.2f} (seeds {[round(v, 2) for v in values]})"
+
+    def fmt_reach(values: list[int | None]) -> str:
+        got = [v for v in values if v is not None]
+        return (f"median {statistics.median(got):.0f} trials" if got else "never") + \
+            f" ({len(got)}/{len(values)} seeds reached it: {values})"
+
+    print(f"\nreference: {name}; best {best:,.0f} samples/s")
+    print(f"best found / best          knobtune {seeds(found['knobtune'])}   random {seeds(found['random'])}")
+    margins = [k - r for k, r in zip(found["knobtune"], found["random"])]
+    print(f"  knobtune - random, per seed: median {statistics.median(margins):+.2f} "
+          f"(from {min(margins):+.2f} to {max(margins):+.2f})")
+    print(f"best measured within {trials} full trials' wall time (before confirmation)   "
+          f"knobtune {seeds(in_wall['knobtune'])}   random {seeds(in_wall['random'])}")
+    print(f"trials to 95% of best      knobtune {fmt_reach(reach['knobtune'])}")
+    print(f"                           random   {fmt_reach(reach['random'])}")
 
 
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--framework", choices=sorted(SPACES), default="pytorch")
+    parser.add_argument("--framework", choices=sorted(SEARCHED), default="pytorch")
+    parser.add_argument("--space", choices=sorted({name for _, name in SPACES}), default="small",
+                        help="the grid: small (32 configurations, both frameworks) or xla (TensorFlow: small "
+                             "and jit_compile, 64)")
     parser.add_argument("--trials", type=int, default=10, help="trial budget per search (default 10)")
     parser.add_argument("--seeds", type=int, default=5)
     parser.add_argument("--sampler", default=StudySection.sampler, choices=SAMPLERS,
@@ -75,11 +151,18 @@ def main() -> int:
                         help="passes over the grid, each with its own seed; a config is scored by its median "
                              "rate and mean accuracy (default 3; a --grid-file with fewer gets the rest measured "
                              "and added, one with more is read whole)")
+    parser.add_argument("--top-rounds", type=int, default=8,
+                        help=f"paired rounds of the grid's top (within {TOP_BAND:.0%} of its best), the reference "
+                             "the searches are scored by; 0: the grid's medians only (default 8)")
     args = parser.parse_args()
     fw = args.framework
+    if (fw, args.space) not in SPACES:
+        parser.error(f"--space {args.space} is not defined for {fw}; it has: "
+                     f"{', '.join(name for f, name in SPACES if f == fw)}")
+    space_text = SPACES[fw, args.space]
 
     def text(name: str, seed: int, sampler: str = "tpe") -> str:
-        t = study_text(name, fw, args.trials, seed, SPACES[fw])
+        t = study_text(name, fw, args.trials, seed, space_text)
         t = t.replace("[baseline]\nbatch_size = 64\n", "[baseline]\nbatch_size = 64\n" + BASELINE_EXTRA[fw])
         return t.replace(f"seed = {seed}\n", f"seed = {seed}\nsampler = \"{sampler}\"\n")
 
@@ -92,11 +175,14 @@ def main() -> int:
         return tuple(sorted((k, v) for k, v in params.items() if len(offer.choices.get(k, ())) > 1))
 
     grid = list(space.grid(offer))
+    params_of = {key(p): p for p in grid}
     measured: dict[tuple, list[tuple[float, float]]] = {key(p): [] for p in grid}
-    kept = _read_grid(args.grid_file, fw, SPACES[fw], measured)
-    done = min(len(v) for v in kept.values()) if kept is not None else 0
+    kept = _read_grid(args.grid_file, fw, space_text, measured)
+    done = min(len(v) for v in kept[0].values()) if kept is not None else 0
+    top_runs: dict[tuple, list[tuple[float, float]]] = {}
     if kept is not None:
-        measured = {k: v[:done] for k, v in kept.items()}
+        measured = {k: v[:done] for k, v in kept[0].items()}
+        top_runs = kept[1]
         print(f"1. exhaustive grid ({fw}): {len(grid)} configurations, {done} passes read from {args.grid_file}"
               + (f", {args.grid_repeats - done} more to measure" if args.grid_repeats > done else ""), flush=True)
     else:
@@ -106,10 +192,11 @@ def main() -> int:
             for i, params in enumerate(grid):
                 r = run_params(plan, params, f"{rep + 1}:{i + 1}/{len(grid)}", seed_offset=rep)
                 measured[key(params)].append((r.samples_per_second or 0.0, r.val_accuracy or 0.0))
+        top_runs = {}  # the top is chosen on the passes: new passes, a new top
         if args.grid_file is not None:
-            args.grid_file.write_text(json.dumps({"framework": fw, "space": SPACES[fw],
-                                                  "runs": [[list(map(list, k)), v] for k, v in measured.items()]}))
-    print(f"   {min(len(v) for v in measured.values())} passes", flush=True)
+            _write_grid(args.grid_file, fw, space_text, measured, top_runs)
+    passes = min(len(v) for v in measured.values())
+    print(f"   {passes} passes", flush=True)
     spreads = [max(r for r, _ in v) / min(r for r, _ in v) - 1 for v in measured.values() if min(r for r, _ in v) > 0]
     print(f"   the grid's own spread: a configuration's fastest pass over its slowest, median "
           f"{statistics.median(spreads):.0%}, max {max(spreads):.0%}", flush=True)
@@ -119,40 +206,40 @@ def main() -> int:
     # the reference guard is knobtune's final rule, on the grid's seeded runs: a configuration's mean
     # accuracy against the baseline's mean minus max_accuracy_drop
     floor = final_floor([acc for _, acc in measured[key(base_params)]], drop)
-    feasible = {k: v for k, v in table.items() if v[1] >= floor}
-    grid_best = max(v[0] for v in feasible.values())
+    grid_best = max(v[0] for v in table.values() if v[1] >= floor)
 
-    def score(params: dict[str, Any]) -> float:
-        value = table.get(key(params))
-        return value[0] if value and value[1] >= floor else 0.0
-
-    def within_wall(study: Any, budget: float) -> float:
-        """Best found / grid best among the trials that finished within ``budget`` seconds of trial time."""
-        spent, best = 0.0, 0.0
-        for t in sorted(study.trials, key=lambda t: t.number):
-            if t.datetime_start is None or t.datetime_complete is None:
-                continue
-            spent += (t.datetime_complete - t.datetime_start).total_seconds()
-            if spent > budget:
-                break
-            best = max(best, score(t.params))
-        return best / grid_best
-
-    def to_95(study: Any) -> int | None:
-        best = 0.0
-        numbered = [t for t in sorted(study.trials, key=lambda t: t.number) if TrialRecord.of(t).outcome]
-        for i, t in enumerate(numbered, start=1):
-            best = max(best, score(t.params))
-            if best >= 0.95 * grid_best:
-                return i
-        return None
+    # The passes ran minutes apart, and the machine drifts between minutes by more than the top
+    # configurations differ: those within TOP_BAND of the best are measured again in paired rounds.
+    top = sorted((k for k, (rate, acc) in table.items() if acc >= floor and rate >= (1 - TOP_BAND) * grid_best),
+                 key=repr)
+    if set(top_runs) != set(top):
+        top_runs = {}
+    have = min((len(v) for v in top_runs.values()), default=0)
+    if args.top_rounds > have and len(top) > 1:
+        print(f"   the top ({len(top)} configurations within {TOP_BAND:.0%} of the best): "
+              f"{args.top_rounds - have} paired rounds, each in its own shuffled order", flush=True)
+        top_runs = {k: top_runs.get(k, [])[:have] for k in top}
+        order = list(top)
+        for r in range(have, args.top_rounds):
+            random.Random(r).shuffle(order)
+            for i, k in enumerate(order):
+                m = run_params(plan, params_of[k], f"top {r + 1}:{i + 1}/{len(top)}", seed_offset=passes + r)
+                top_runs[k].append((m.samples_per_second or 0.0, m.val_accuracy or 0.0))
+        if args.grid_file is not None:
+            _write_grid(args.grid_file, fw, space_text, measured, top_runs)
+    top_runs = {k: v[:args.top_rounds] for k, v in top_runs.items()} if args.top_rounds else {}
+    references = {"paired top": settled(table, top_runs, measured), "grid medians": table}
+    if not top_runs:
+        del references["paired top"]
+    for name, ref in references.items():
+        ranked = sorted(top, key=lambda k: -ref[k][0])
+        print(f"   reference '{name}': " + ", ".join(f"{ref[k][0]:,.0f}" for k in ranked), flush=True)
 
     from knobtune.search.story import results
 
-    found: dict[str, list[float]] = {"knobtune": [], "random": []}
-    in_wall: dict[str, list[float]] = {"knobtune": [], "random": []}
-    reach: dict[str, list[int | None]] = {"knobtune": [], "random": []}
-    winners, study_of_winner = [], []
+    picks: dict[str, list[FrozenTrial | None]] = {"knobtune": [], "random": []}
+    searches: dict[str, list[Any]] = {"knobtune": [], "random": []}
+    budgets: list[float] = []
     with tempfile.TemporaryDirectory() as tmp:
         url = f"sqlite:///{Path(tmp) / 'quality.db'}"
         for seed in range(args.seeds):
@@ -161,69 +248,57 @@ def main() -> int:
                 print(f"\n2. seed {seed}: {strategy}, {args.trials} trials", flush=True)
                 study, _ = run_study(text(f"{strategy}-{seed}", seed, sampler), url, confirm=strategy == "knobtune")
                 studies[strategy] = study
-                chosen = results.best(study)
-                found[strategy].append(score(chosen.params) / grid_best if chosen else 0.0)
-                reach[strategy].append(to_95(study))
-                if strategy == "knobtune" and chosen:
-                    winners.append(chosen)
-                    study_of_winner.append(study)
+                picks[strategy].append(results.best(study))
+                searches[strategy].append(study)
             # the wall time of --trials full trials: random search's trials are never pruned
             full = [(t.datetime_complete - t.datetime_start).total_seconds() for t in studies["random"].trials
                     if t.datetime_start is not None and t.datetime_complete is not None]
-            budget = args.trials * statistics.median(full) if full else 0.0
-            for strategy, study in studies.items():
-                in_wall[strategy].append(within_wall(study, budget))
+            budgets.append(args.trials * statistics.median(full) if full else 0.0)
 
     print("\n3. Lightning-style: the largest batch that runs, other knobs at defaults", flush=True)
     lightning = dict(base_params, batch_size=max(offer.choices["batch_size"]))
-    l_sps, l_acc = table[key(lightning)]
 
     print(f"\n4. the knobtune winner (seed 0), burst and 10x longer runs, paired x{args.long_repeats}", flush=True)
-    winner = winners[0]
+    winner = next((w for w in picks["knobtune"] if w is not None), None)
+    study_of_winner = searches["knobtune"][picks["knobtune"].index(winner)] if winner else None
     burst = plan.definition.burst
     long_plan = replace(plan, definition=replace(plan.definition, burst=replace(
         burst, train_samples=burst.train_samples * 10, timeout_s=burst.timeout_s * 10)))
     bursts, longs = [], []
-    for r in range(args.long_repeats):  # paired, so that drift of the machine hits both alike
+    for r in range(args.long_repeats if winner else 0):  # paired, so that drift of the machine hits both alike
         bursts.append(run_params(plan, dict(winner.params), f"burst[{r}]").samples_per_second or float("nan"))
         longs.append(run_params(long_plan, dict(winner.params), f"10x[{r}]").samples_per_second or float("nan"))
-    confirmed = results.confirmation(study_of_winner[0]) or {}
-    predictions = {"the search trial's burst": TrialRecord.of(winner).samples_per_second,
-                   "the confirmed median": (confirmed.get("medians") or {}).get(str(winner.number)),
-                   "a burst run beside each long run": statistics.median(bursts)}
 
-    def fmt_reach(values: list[int | None]) -> str:
-        got = [v for v in values if v is not None]
-        return (f"median {statistics.median(got):.0f} trials" if got else "never") + \
-            f" ({len(got)}/{len(values)} seeds reached it: {values})"
-
-    k_found, r_found = statistics.median(found["knobtune"]), statistics.median(found["random"])
-    knob_best = statistics.median([score(w.params) for w in winners]) or float("nan")
-    print(f"\n=== search quality on digits-mlp ({fw}), this machine; knobtune's sampler "
+    print(f"\n=== search quality on digits-mlp ({fw}, space {args.space}), this machine; knobtune's sampler "
           f"{args.sampler}; {len(grid)} configurations, "
-          f"{len(feasible)} pass the accuracy guard (>= {floor:.3f}); budget {args.trials} trials, {args.seeds} seeds ===")
-    print(f"grid best: {grid_best:,.0f} samples/s")
-    print(f"best found / grid best     knobtune {k_found:.2f} (seeds {[round(v, 2) for v in found['knobtune']]})   "
-          f"random {r_found:.2f} (seeds {[round(v, 2) for v in found['random']]})")
-    margins = [k - r for k, r in zip(found["knobtune"], found["random"])]
-    print(f"  knobtune - random, per seed: median {statistics.median(margins):+.2f} "
-          f"(from {min(margins):+.2f} to {max(margins):+.2f})")
-    print(f"best measured within {args.trials} full trials' wall time (before confirmation)   knobtune {statistics.median(in_wall['knobtune']):.2f} "
-          f"(seeds {[round(v, 2) for v in in_wall['knobtune']]})   random {statistics.median(in_wall['random']):.2f} "
-          f"(seeds {[round(v, 2) for v in in_wall['random']]})")
-    print(f"trials to 95% of grid best knobtune {fmt_reach(reach['knobtune'])}")
-    print(f"                           random   {fmt_reach(reach['random'])}")
-    print(f"Lightning-style / knobtune = {l_sps / knob_best:.2f}  (batch {lightning['batch_size']}: {l_sps:,.0f} samples/s, "
-          f"accuracy {l_acc:.3f}{'' if l_acc >= floor else ', BELOW the accuracy guard'})")
-    long_rate = statistics.median(longs)
-    print(f"prediction error           10x run {long_rate:,.0f} samples/s (runs {[round(v) for v in longs]}); predicted by")
-    for label, value in predictions.items():
-        if value:
-            print(f"                             {label}: {value:,.0f} samples/s, {value / long_rate - 1:+.1%}")
-    paired = [b / l - 1 for b, l in zip(bursts, longs) if b == b and l == l]
-    if paired:  # the same minute of the machine for both: the error the protocol itself makes
-        print(f"                             paired, burst / 10x run beside it: median {statistics.median(paired):+.1%} "
-              f"over {len(paired)} pairs (each {', '.join(f'{p:+.0%}' for p in paired)})")
+          f"{sum(v[1] >= floor for v in table.values())} pass the accuracy guard (>= {floor:.3f}); "
+          f"budget {args.trials} trials, {args.seeds} seeds ===")
+    rounds = min((len(v) for v in top_runs.values()), default=0)
+    print(f"the grid: {passes} passes (a configuration's fastest over its slowest: median "
+          f"{statistics.median(spreads):.0%}); its top {len(top)} in {rounds} paired rounds")
+    for name, ref in references.items():
+        _summary(name, ref, floor, key, picks, searches, budgets, args.trials)
+    table_l = references[next(iter(references))]
+    l_sps, l_acc = table_l[key(lightning)]
+    knob_best = statistics.median([table_l[key(w.params)][0] if w else 0.0 for w in picks["knobtune"]]) or float("nan")
+    print(f"Lightning-style / knobtune = {l_sps / knob_best:.2f}  (batch {lightning['batch_size']}: {l_sps:,.0f} "
+          f"samples/s, accuracy {l_acc:.3f}{'' if l_acc >= floor else ', BELOW the accuracy guard'})")
+    if winner and longs:
+        confirmed = results.confirmation(study_of_winner) or {}
+        predictions = {"the search trial's burst": TrialRecord.of(winner).samples_per_second,
+                       "the confirmed median": (confirmed.get("medians") or {}).get(str(winner.number)),
+                       "a burst run beside each long run": statistics.median(bursts)}
+        long_rate = statistics.median(longs)
+        print(f"prediction error           10x run {long_rate:,.0f} samples/s (runs {[round(v) for v in longs]}); "
+              f"predicted by")
+        for label, value in predictions.items():
+            if value:
+                print(f"                             {label}: {value:,.0f} samples/s, {value / long_rate - 1:+.1%}")
+        paired = [b / l_ - 1 for b, l_ in zip(bursts, longs) if b == b and l_ == l_]
+        if paired:  # the same minute of the machine for both: the error the protocol itself makes
+            print(f"                             paired, burst / 10x run beside it: median "
+                  f"{statistics.median(paired):+.1%} over {len(paired)} pairs "
+                  f"(each {', '.join(f'{p:+.0%}' for p in paired)})")
     return 0
 
 

@@ -29,26 +29,32 @@ import optuna
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 from knobtune.search.study.effects import Effects, EffectsSampler, with_failures  # noqa: E402
 
+from _bench import settled  # noqa: E402
+
 Config = tuple[tuple[str, Any], ...]
 Runs = dict[Config, list[tuple[float, float]]]
 
 MAX_DROP = 0.02  # [guard] max_accuracy_drop's default
 
 
-def load(path: Path) -> tuple[str, Runs]:
+def load(path: Path) -> tuple[str, Runs, Runs]:
+    """A grid file's framework, its passes and the paired rounds of its top (search_quality.py's)."""
     data = json.loads(path.read_text())
-    return data["framework"], {tuple(tuple(p) for p in k): [tuple(r) for r in v] for k, v in data["runs"]}
+    def runs(entries: list) -> Runs:
+        return {tuple(tuple(p) for p in k): [tuple(r) for r in v] for k, v in entries}
+    return data["framework"], runs(data["runs"]), runs(data.get("top", []))
 
 
 class Replay:
     """One seed's draws from the grid, and the reference every pick is scored against."""
 
-    def __init__(self, runs: Runs, baseline: Config, rng: random.Random) -> None:
+    def __init__(self, runs: Runs, baseline: Config, rng: random.Random, top: Runs | None = None) -> None:
         self.runs, self.baseline, self.rng = runs, baseline, rng
         self.knobs = {k: sorted({dict(c)[k] for c in runs}, key=str) for k, _ in next(iter(runs))}
         self.floor = statistics.fmean(a for _, a in runs[baseline]) - MAX_DROP
-        self.table = {c: statistics.median(r for r, _ in v) for c, v in runs.items()
-                      if statistics.fmean(a for _, a in v) >= self.floor}
+        medians = {c: (statistics.median(r for r, _ in v), statistics.fmean(a for _, a in v)) for c, v in runs.items()}
+        reference = settled(medians, top or {}, runs)  # the paired rounds of the top, where measured
+        self.table = {c: rate for c, (rate, accuracy) in reference.items() if accuracy >= self.floor}
         self.best = max(self.table.values())
 
     def measure(self, config: Config) -> tuple[float, float]:
@@ -107,6 +113,8 @@ def sampler_search(make: Callable[[int], optuna.samplers.BaseSampler]) -> Strate
             config = tuple(sorted((k, trial.suggest_categorical(k, v)) for k, v in replay.knobs.items()))
             rate, accuracy = replay.measure(config)
             trial.set_user_attr("val_accuracy", accuracy)
+            if rate == 0 and accuracy == 0:  # the grid's record of a run that could not run (invalid)
+                trial.set_user_attr("outcome", "invalid")
             study.tell(trial, rate if accuracy >= replay.floor else 0.0)
             asked.append((config, (rate, accuracy)))
         return asked
@@ -127,10 +135,12 @@ def main() -> int:
     parser.add_argument("--candidates", type=int, default=3, help="confirmation's top_k (default 3)")
     parser.add_argument("--only", default="", help="the strategies whose name contains this (default all)")
     parser.add_argument("--advice", default="{}", help="the advice trial's knob values, as JSON")
+    parser.add_argument("--bonus", type=float, nargs="*", default=[],
+                        help="also replay the effects sampler (with the accuracy floor) at these bonus values")
     args = parser.parse_args()
     optuna.logging.set_verbosity(optuna.logging.WARNING)
     warnings.filterwarnings("ignore", category=optuna.exceptions.ExperimentalWarning)
-    framework, runs = load(args.grid)
+    framework, runs, top = load(args.grid)
     some = dict(next(iter(runs)))
     base = tuple(sorted({k: min(vs, key=lambda v: (isinstance(v, str), v)) for k, vs in
                          {k: {dict(c)[k] for c in runs} for k in some}.items()}.items()))
@@ -142,14 +152,16 @@ def main() -> int:
         "gp": sampler_search(lambda s: optuna.samplers.GPSampler(seed=s, n_startup_trials=3)),
         "effects (knobtune's)": sampler_search(lambda s: EffectsSampler(seed=s)),
         "effects + accuracy": sampler_search(lambda s: EffectsSampler(seed=s, floor=lambda _: floor)),
+        **{f"effects+acc bonus {b}": sampler_search(lambda s, b=b: EffectsSampler(seed=s, bonus=b, floor=lambda _: floor))
+           for b in args.bonus},
     }
-    floor = Replay(runs, base, random.Random(0)).floor
+    floor = Replay(runs, base, random.Random(0), top).floor
     print(f"{framework}: {len(runs)} configurations; baseline {dict(base)}; advice {dict(advice)}")
     chosen = [(name, s) for name, s in strategies.items() if args.only in name]
     for (name, strategy), model in [(item, m) for item in chosen for m in (False, True)]:
         found, reach = [], []
         for seed in range(args.seeds):
-            replay = Replay(runs, base, random.Random(seed))
+            replay = Replay(runs, base, random.Random(seed), top)
             asked = strategy(replay, args.trials, [base] if name == "random" else [base, advice], seed)
             measured: dict[Config, tuple[float, float]] = {}
             for c, m in asked:  # (a configuration asked again keeps its first measurement, as a study skips it)

@@ -88,6 +88,34 @@ def test_failed_trials_count_as_slow_and_skipped_ones_not_at_all():
                                           (bad, pytest.approx(math.log(rate(good)) + math.log(0.5)))]
 
 
+RUNS_BEST = {"batch_size": 256, "map": 0, "prefetch": "autotune", "spe": 8}  # BEST cannot run (below)
+
+
+def test_a_combination_that_cannot_run_is_not_blamed_on_its_values_nor_proposed_again():
+    # batch 512 with 8 steps per call cannot run (as a burst too short for 8 x 512 samples a window):
+    # that says nothing of either value's speed, only that they do not go together
+    found_at, invalid = [], []
+    for seed in range(8):
+        study = optuna.create_study(direction="maximize", sampler=EffectsSampler(seed=seed))
+        study.enqueue_trial({"batch_size": 64, "map": 0, "prefetch": 0, "spe": 1})
+        noise = random.Random(seed)
+        for _ in range(16):
+            trial = study.ask()
+            params = {k: trial.suggest_categorical(k, v) for k, v in SPACE.items()}
+            if params["batch_size"] == 512 and params["spe"] == 8:
+                trial.set_user_attr("outcome", "invalid")  # as knobtune's tell stores it
+                study.tell(trial, state=optuna.trial.TrialState.PRUNED)
+            else:
+                study.tell(trial, rate(params, noise))
+        params = [t.params for t in study.trials]
+        invalid.append(sum(p["batch_size"] == 512 and p["spe"] == 8 for p in params))
+        assert RUNS_BEST in params, f"seed {seed}: {params}"
+        found_at.append(params.index(RUNS_BEST) + 1)
+        assert all(p["batch_size"] != 512 or p["spe"] != 8 for p, _ in observations(study.trials))
+    assert max(invalid) <= 2, invalid  # the first, and at most one more that changed other knobs too
+    assert statistics.median(found_at) <= 8, found_at
+
+
 def test_conditional_knobs_take_their_absent_value():
     with_workers = {"num_workers": 2, "prefetch_factor": 4}
     without = {"num_workers": 0}

@@ -36,7 +36,9 @@ KNOB_PENALTY = 0.3  # ridge penalty on a knob value's effect (log units)
 CONFIG_PENALTY = 1.0  # on a configuration's own term: its measurements must outweigh the model's sum
 ACCURACY_PENALTY = 0.05  # accuracy moves little with noise and much with a few knobs (batch size)
 FAILED_FACTOR = 0.5  # a failed or infeasible trial counts as this x the worst measured objective
-ENUMERATED = 4096  # a space this small is searched whole for the best unmeasured proposal
+ENUMERATED = 4096
+INVALID = "invalid"  # a trial's outcome when its combination cannot run here (a burst too short for it, ...)
+CLASH_PENALTY = 1.0  # a proposal's cost per unit of blame for invalid trials it shares pairs of values with  # a space this small is searched whole for the best unmeasured proposal
 
 Params = dict[str, Any]
 
@@ -117,7 +119,8 @@ def observations(trials: Sequence[FrozenTrial], minimize: bool = False) -> list[
     """Every finished trial that measured something (COMPLETE or PRUNED; a FAIL is a skipped
     duplicate or an interrupted run, which measured nothing), with its log objective; a failed,
     infeasible or pruned one gets ``FAILED_FACTOR`` x the worst feasible objective measured."""
-    finished = [t for t in trials if t.state in (TrialState.COMPLETE, TrialState.PRUNED)]
+    finished = [t for t in trials if t.state in (TrialState.COMPLETE, TrialState.PRUNED)
+                and t.user_attrs.get("outcome") != INVALID]
     return with_failures([(dict(t.params), _log_objective(t, minimize)) for t in finished])
 
 
@@ -212,12 +215,38 @@ class EffectsSampler(optuna.samplers.BaseSampler):
         def measured(params: Params) -> bool:
             return any(tuple(_key(params.get(k)) for k in names) in values for names, values in by_knobs.items())
 
+        # A combination that could not run says nothing of its values' speed (the model leaves it
+        # out), only that some of them do not go together. Most such clashes are of two values
+        # (a batch too large for several steps per call), so an invalid trial's blame is shared
+        # among the pairs of values it changed from the first trial (the baseline) that no trial
+        # which ran had; a proposal pays CLASH_PENALTY (log units) per unit of blame it carries.
+        first = min((t for t in trials if t.state == TrialState.COMPLETE), key=lambda t: t.number, default=None)
+        origin = {k: _key(v) for k, v in (first.params if first is not None else {}).items()}
+
+        def pairs(params: Params, alone: bool = True) -> set[frozenset]:
+            """The changed values' pairs (and each alone: with ``alone``, or when it is the only change)."""
+            changed = sorted(((k, _key(v)) for k, v in params.items() if origin.get(k, ABSENT) != _key(v)), key=repr)
+            single = {frozenset([c]) for c in changed} if alone or len(changed) == 1 else set()
+            return {frozenset(pair) for pair in itertools.combinations(changed, 2)} | single
+
+        ran = set().union(*(pairs(t.params) for t in trials if t.state == TrialState.COMPLETE
+                            or (t.state == TrialState.PRUNED and t.user_attrs.get("outcome") != INVALID)))
+        blame: dict[frozenset, float] = {}
+        for t in trials:
+            if t.user_attrs.get("outcome") == INVALID:
+                unexplained = pairs(t.params, alone=False) - ran
+                for pair in unexplained:
+                    blame[pair] = blame.get(pair, 0.0) + 1 / len(unexplained)
+
+        def clash(params: Params) -> float:
+            return CLASH_PENALTY * sum(blame.get(pair, 0.0) for pair in pairs(params)) if blame else 0.0
+
         value = {(k, _key(v)): model.effect(k, v) + self._bonus / math.sqrt(1 + model.count(k, v))
                  + self._rng.uniform(0, 1e-9)  # (ties broken at random)
                  for k, vs in choices.items() for v in vs}
 
         def score(params: Params) -> float:
-            return sum(value[(k, _key(v))] for k, v in params.items())
+            return sum(value[(k, _key(v))] for k, v in params.items()) - clash(params)
 
         floor = self._floor(trials) if self._floor is not None else None
         known = accuracies(trials)
@@ -227,7 +256,7 @@ class EffectsSampler(optuna.samplers.BaseSampler):
             return accuracy is None or accuracy.estimate(params) >= floor
 
         best = {k: max(vs, key=lambda v, k=k: value[(k, _key(v))]) for k, vs in choices.items()}
-        if not measured(best) and allowed(best):
+        if not measured(best) and allowed(best) and not clash(best):
             return best
         if math.prod(len(vs) for vs in choices.values()) <= ENUMERATED:
             near = [dict(zip(choices, values)) for values in itertools.product(*choices.values())]
