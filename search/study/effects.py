@@ -10,7 +10,9 @@ best: TPE learns the same from many more trials.
 
 - ``Effects``: the fit; ``estimate`` a configuration's log objective (measured or not).
 - ``observations``: a study's finished trials as (params, log objective); a trial that failed,
-  broke the accuracy guard or was stopped early counts as half as good as the worst measured.
+  broke the accuracy guard or was stopped early counts as half as good as the worst measured; an
+  invalid one (a combination that cannot run here) not at all: the sampler avoids the pairs of
+  values it blames for it instead.
 - ``EffectsSampler``: each trial, every knob at its best effect plus a bonus for values tried
   least (bonus / sqrt(1 + trials with that value)); when that configuration has been measured,
   or is being measured, the best one that has not (of the whole space when it is small, else one
@@ -117,8 +119,9 @@ def accuracies(trials: Sequence[FrozenTrial]) -> list[tuple[Params, float]]:
 
 def observations(trials: Sequence[FrozenTrial], minimize: bool = False) -> list[tuple[Params, float]]:
     """Every finished trial that measured something (COMPLETE or PRUNED; a FAIL is a skipped
-    duplicate or an interrupted run, which measured nothing), with its log objective; a failed,
-    infeasible or pruned one gets ``FAILED_FACTOR`` x the worst feasible objective measured."""
+    duplicate or an interrupted run, which measured nothing; an invalid one could not run), with
+    its log objective; a failed, infeasible or pruned one gets ``FAILED_FACTOR`` x the worst
+    feasible objective measured."""
     finished = [t for t in trials if t.state in (TrialState.COMPLETE, TrialState.PRUNED)
                 and t.user_attrs.get("outcome") != INVALID]
     return with_failures([(dict(t.params), _log_objective(t, minimize)) for t in finished])
