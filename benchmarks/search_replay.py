@@ -152,8 +152,8 @@ def main() -> int:
         "gp": sampler_search(lambda s: optuna.samplers.GPSampler(seed=s, n_startup_trials=3)),
         "effects (knobtune's)": sampler_search(lambda s: EffectsSampler(seed=s)),
         "effects + accuracy": sampler_search(lambda s: EffectsSampler(seed=s, floor=lambda _: floor)),
-        **{f"effects+acc bonus {b}": sampler_search(lambda s, b=b: EffectsSampler(seed=s, bonus=b, floor=lambda _: floor))
-           for b in args.bonus},
+        **{f"effects+acc bonus {b}": sampler_search(
+            lambda s, b=b: EffectsSampler(seed=s, bonus=b, floor=lambda _: floor)) for b in args.bonus},
     }
     floor = Replay(runs, base, random.Random(0), top).floor
     print(f"{framework}: {len(runs)} configurations; baseline {dict(base)}; advice {dict(advice)}")

@@ -38,9 +38,9 @@ KNOB_PENALTY = 0.3  # ridge penalty on a knob value's effect (log units)
 CONFIG_PENALTY = 1.0  # on a configuration's own term: its measurements must outweigh the model's sum
 ACCURACY_PENALTY = 0.05  # accuracy moves little with noise and much with a few knobs (batch size)
 FAILED_FACTOR = 0.5  # a failed or infeasible trial counts as this x the worst measured objective
-ENUMERATED = 4096
+ENUMERATED = 4096  # a space this small is searched whole for the best unmeasured proposal
 INVALID = "invalid"  # a trial's outcome when its combination cannot run here (a burst too short for it, ...)
-CLASH_PENALTY = 1.0  # a proposal's cost per unit of blame for invalid trials it shares pairs of values with  # a space this small is searched whole for the best unmeasured proposal
+CLASH_PENALTY = 1.0  # a proposal's cost per unit of blame for invalid trials it shares pairs of values with
 
 Params = dict[str, Any]
 
