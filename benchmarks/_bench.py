@@ -155,6 +155,12 @@ def median(values: Iterable[float]) -> float:
     return statistics.median(values) if values else float("nan")
 
 
+def grid_runs(entries: list) -> dict[tuple, list[tuple[float, float]]]:
+    """A grid file's ``runs`` or ``top`` entries (search_quality.py's --grid-file): per configuration
+    (its knob pairs), its (samples/s, accuracy) runs."""
+    return {tuple(tuple(pair) for pair in k): [tuple(r) for r in v] for k, v in entries}
+
+
 def settled(table: dict[tuple, tuple[float, float]], top: dict[tuple, list[tuple[float, float]]],
             measured: dict[tuple, list[tuple[float, float]]]) -> dict[tuple, tuple[float, float]]:
     """``table`` with the top configurations' rates from their paired rounds: in each round every

@@ -40,7 +40,7 @@ from knobtune.search.storage.record import TrialRecord
 from knobtune.search.study.definition import SAMPLERS, StudySection
 from knobtune.search.study.objective import final_floor
 
-from _bench import plan_for, run_params, run_study, settled, space_lines, study_text
+from _bench import grid_runs, plan_for, run_params, run_study, settled, space_lines, study_text
 
 SEARCHED = {
     "pytorch": {"batch_size": [64, 128, 256, 512], "num_workers": [0, 2], "intra_op_threads": [0, 1],
@@ -66,9 +66,8 @@ def _read_grid(path: Path | None, framework: str, space: str,
     if data.get("framework") != framework or data.get("space") != space:
         print(f"   {path} holds another framework or space: measuring the grid again", flush=True)
         return None
-    runs = {tuple(tuple(pair) for pair in k): [tuple(r) for r in v] for k, v in data["runs"]}
-    top = {tuple(tuple(pair) for pair in k): [tuple(r) for r in v] for k, v in data.get("top", [])}
-    return (runs, top) if set(runs) == set(expected) else None
+    runs = grid_runs(data["runs"])
+    return (runs, grid_runs(data.get("top", []))) if set(runs) == set(expected) else None
 
 
 def _write_grid(path: Path, framework: str, space: str, runs: dict, top: dict) -> None:
@@ -227,9 +226,7 @@ def main() -> int:
         if args.grid_file is not None:
             _write_grid(args.grid_file, fw, space_text, measured, top_runs)
     top_runs = {k: v[:args.top_rounds] for k, v in top_runs.items()} if args.top_rounds else {}
-    references = {"paired top": settled(table, top_runs, measured), "grid medians": table}
-    if not top_runs:
-        del references["paired top"]
+    references = {**({"paired top": settled(table, top_runs, measured)} if top_runs else {}), "grid medians": table}
     for name, ref in references.items():
         ranked = sorted(top, key=lambda k: -ref[k][0])
         print(f"   reference '{name}': " + ", ".join(f"{ref[k][0]:,.0f}" for k in ranked), flush=True)

@@ -29,7 +29,7 @@ import optuna
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 from knobtune.search.study.effects import Effects, EffectsSampler, with_failures  # noqa: E402
 
-from _bench import settled  # noqa: E402
+from _bench import grid_runs, settled  # noqa: E402
 
 Config = tuple[tuple[str, Any], ...]
 Runs = dict[Config, list[tuple[float, float]]]
@@ -40,9 +40,7 @@ MAX_DROP = 0.02  # [guard] max_accuracy_drop's default
 def load(path: Path) -> tuple[str, Runs, Runs]:
     """A grid file's framework, its passes and the paired rounds of its top (search_quality.py's)."""
     data = json.loads(path.read_text())
-    def runs(entries: list) -> Runs:
-        return {tuple(tuple(p) for p in k): [tuple(r) for r in v] for k, v in entries}
-    return data["framework"], runs(data["runs"]), runs(data.get("top", []))
+    return data["framework"], grid_runs(data["runs"]), grid_runs(data.get("top", []))
 
 
 class Replay:
@@ -113,9 +111,11 @@ def sampler_search(make: Callable[[int], optuna.samplers.BaseSampler]) -> Strate
             config = tuple(sorted((k, trial.suggest_categorical(k, v)) for k, v in replay.knobs.items()))
             rate, accuracy = replay.measure(config)
             trial.set_user_attr("val_accuracy", accuracy)
-            if rate == 0 and accuracy == 0:  # the grid's record of a run that could not run (invalid)
+            if rate == 0 and accuracy == 0:  # the grid's record of a run that could not run: told as knobtune tells it
                 trial.set_user_attr("outcome", "invalid")
-            study.tell(trial, rate if accuracy >= replay.floor else 0.0)
+                study.tell(trial, state=optuna.trial.TrialState.PRUNED)
+            else:
+                study.tell(trial, rate if accuracy >= replay.floor else 0.0)
             asked.append((config, (rate, accuracy)))
         return asked
     return search

@@ -122,9 +122,12 @@ def observations(trials: Sequence[FrozenTrial], minimize: bool = False) -> list[
     duplicate or an interrupted run, which measured nothing; an invalid one could not run), with
     its log objective; a failed, infeasible or pruned one gets ``FAILED_FACTOR`` x the worst
     feasible objective measured."""
-    finished = [t for t in trials if t.state in (TrialState.COMPLETE, TrialState.PRUNED)
-                and t.user_attrs.get("outcome") != INVALID]
+    finished = [t for t in trials if t.state in (TrialState.COMPLETE, TrialState.PRUNED) and not _invalid(t)]
     return with_failures([(dict(t.params), _log_objective(t, minimize)) for t in finished])
+
+
+def _invalid(trial: FrozenTrial) -> bool:
+    return trial.user_attrs.get("outcome") == INVALID
 
 
 def with_failures(values: Sequence[tuple[Params, float | None]]) -> list[tuple[Params, float]]:
@@ -232,11 +235,10 @@ class EffectsSampler(optuna.samplers.BaseSampler):
             single = {frozenset([c]) for c in changed} if alone or len(changed) == 1 else set()
             return {frozenset(pair) for pair in itertools.combinations(changed, 2)} | single
 
-        ran = set().union(*(pairs(t.params) for t in trials if t.state == TrialState.COMPLETE
-                            or (t.state == TrialState.PRUNED and t.user_attrs.get("outcome") != INVALID)))
+        ran = set().union(*(pairs(p) for p, _ in seen))  # (``seen``: every trial that ran)
         blame: dict[frozenset, float] = {}
         for t in trials:
-            if t.user_attrs.get("outcome") == INVALID:
+            if _invalid(t):
                 unexplained = pairs(t.params, alone=False) - ran
                 for pair in unexplained:
                     blame[pair] = blame.get(pair, 0.0) + 1 / len(unexplained)
