@@ -13,12 +13,18 @@ best: TPE learns the same from many more trials.
   broke the accuracy guard or was stopped early counts as half as good as the worst measured; an
   invalid one (a combination that cannot run here) not at all: the sampler avoids the pairs of
   values it blames for it instead.
-- ``EffectsSampler``: each trial, every knob at its best effect plus a bonus for values tried
-  least (bonus / sqrt(1 + trials with that value)); when that configuration has been measured,
-  or is being measured, the best one that has not (of the whole space when it is small, else one
-  knob away). With the final verdict's accuracy floor, a second model (of accuracy, from
-  ``accuracies``) steers it away from configurations expected under the floor. Multi-objective
-  (``pareto``) studies get TPE: one log-rate model does not rank a front.
+- ``EffectsSampler``: each value is worth its effect plus a bonus for values tried least
+  (bonus / sqrt(1 + trials with that value)). In a space small enough to enumerate, each trial
+  takes every knob at its most valuable value; when that configuration has been measured, or is
+  being measured, the most valuable one that has not. In a larger space (the full space of a
+  framework: about 15 knobs, hundreds of thousands of configurations) that rule changes every
+  value not yet tried at once, and one slow value among them hides the others; there, each trial
+  starts from the incumbent (the configuration that ran with the best estimate) and makes only
+  its ``radius`` most valuable changes, a trust region that grows after a trial that beats every
+  earlier one and shrinks after one that does not. With the final verdict's accuracy floor, a
+  second model (of accuracy, from ``accuracies``) steers it away from configurations expected
+  under the floor. Multi-objective (``pareto``) studies get TPE: one log-rate model does not rank
+  a front.
 """
 from __future__ import annotations
 
@@ -41,6 +47,9 @@ FAILED_FACTOR = 0.5  # a failed or infeasible trial counts as this x the worst m
 ENUMERATED = 4096  # a space this small is searched whole for the best unmeasured proposal
 INVALID = "invalid"  # a trial's outcome when its combination cannot run here (a burst too short for it, ...)
 CLASH_PENALTY = 1.0  # a proposal's cost per unit of blame for invalid trials it shares pairs of values with
+RADIUS = 5  # a large space's first proposals change at most this many of the incumbent's values
+MIN_RADIUS = 2  # ... and never fewer: one value at a time spends a short study on a few knobs
+LOCAL_MOVES = 8  # a large space's alternatives when the best proposal is taken: subsets of this many changes
 
 Params = dict[str, Any]
 
@@ -128,6 +137,19 @@ def observations(trials: Sequence[FrozenTrial], minimize: bool = False) -> list[
 
 def _invalid(trial: FrozenTrial) -> bool:
     return trial.user_attrs.get("outcome") == INVALID
+
+
+def radius(values: Sequence[float], startup: int, knobs: int) -> int:
+    """The trust region's radius after these log objectives (in trial order, the first ``startup``
+    not the sampler's): ``RADIUS``, doubled (up to ``knobs``) by a trial that beat every earlier
+    one, one less (down to ``MIN_RADIUS``) by one that did not."""
+    size, top = RADIUS, max(values[:startup], default=-math.inf)
+    for value in values[startup:]:
+        if value > top:
+            size, top = min(knobs, 2 * size), value
+        else:
+            size = max(MIN_RADIUS, size - 1)
+    return max(1, min(size, knobs))
 
 
 def with_failures(values: Sequence[tuple[Params, float | None]]) -> list[tuple[Params, float]]:
@@ -261,16 +283,29 @@ class EffectsSampler(optuna.samplers.BaseSampler):
             return accuracy is None or accuracy.estimate(params) >= floor
 
         best = {k: max(vs, key=lambda v, k=k: value[(k, _key(v))]) for k, vs in choices.items()}
-        if not measured(best) and allowed(best) and not clash(best):
-            return best
         if math.prod(len(vs) for vs in choices.values()) <= ENUMERATED:
+            first_choice = best
             near = [dict(zip(choices, values)) for values in itertools.product(*choices.values())]
-        else:  # a large space: the configurations one knob away
-            near = [{**best, k: v} for k, vs in choices.items() for v in vs if _key(v) != _key(best[k])]
-        fresh = [p for p in [best, *near] if not measured(p)]
+        else:  # a large space: the incumbent's most valuable changes, within the trust region
+            ran = [dict(t.params) for t in trials if _log_objective(t, minimize) is not None and not _invalid(t)]
+            incumbent = max([p for p in ran if allowed(p)] or ran or [best], key=model.estimate)
+            incumbent = {k: incumbent[k] if (k, _key(incumbent.get(k, ABSENT))) in value else best[k] for k in choices}
+            moves = sorted(((value[(k, _key(v))] - value[(k, _key(incumbent[k]))], k, v) for k, vs in choices.items()
+                            for v in vs if _key(v) != _key(incumbent[k])), key=lambda m: -m[0])
+            moves = list({k: (g, k, v) for g, k, v in reversed(moves)}.values())  # each knob's most valuable
+            moves.sort(key=lambda m: -m[0])
+            size = radius([v for _, v in seen], self._startup, len(choices))
+            first_choice = {**incumbent, **{k: v for g, k, v in moves[:size] if g > 0}}
+            near = [{**incumbent, **{k: v for _, k, v in chosen}} for n in range(1, size + 1)
+                    for chosen in itertools.combinations(moves[:LOCAL_MOVES], n)]
+            near += [{**incumbent, k: v} for k, vs in choices.items() for v in vs if _key(v) != _key(incumbent[k])]
+        if not measured(first_choice) and allowed(first_choice) and not clash(first_choice):
+            return first_choice
+        fresh = [p for p in [first_choice, *near] if not measured(p)]
         if not fresh:  # all measured: the queue's duplicate rule explores from here
-            return best
+            return first_choice
         return max(fresh, key=lambda p: (allowed(p), score(p)))
 
 
-__all__ = ["ABSENT", "Effects", "EffectsSampler", "accuracies", "config_key", "observations", "with_failures"]
+__all__ = ["ABSENT", "Effects", "EffectsSampler", "accuracies", "config_key", "observations", "radius",
+           "with_failures"]
