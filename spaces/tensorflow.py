@@ -159,13 +159,22 @@ def _loop_value(value: Any, ctx: Context) -> str | None:
 
 
 def invalid(values: Mapping[str, Any], ctx: Context) -> str | None:
-    """Why a combination cannot train here: several steps per call with an all-reduce the probe
+    """Why a combination cannot train here: more parallel interleave calls than a fixed cycle
+    length (tf.data refuses the pipeline), or several steps per call with an all-reduce the probe
     found cannot run them (MirroredStrategy's collective on logical CPU devices)."""
+    calls, cycle = values.get("interleave_parallel_calls"), values.get("cycle_length", 1)
+    if _count(calls) and _count(cycle) and calls > cycle:
+        return (f"interleave_parallel_calls={calls} with cycle_length={cycle}: tf.data's interleave takes at most "
+                f"cycle_length parallel calls when the cycle length is fixed (or {AUTOTUNE!r} for either)")
     steps = int(values.get("steps_per_execution") or 1)
     ops = values.get("cross_device_ops", "collective")
     why = (_group(ctx).get("multi_step_ops") or {}).get(ops) if steps > 1 else None
     return (f"steps_per_execution={steps} with cross_device_ops={ops!r}: MirroredStrategy fails here ({why})"
             if why else None)
+
+
+def _count(value: Any) -> bool:
+    return isinstance(value, int) and not isinstance(value, bool)
 
 
 def _non_negative(value: Any) -> str | None:

@@ -79,6 +79,8 @@ def test_python_exception_is_a_crash_with_the_traceback_tail():
     child = burst("kt_test_workloads:eval_limit", options={"limit": 1}, amp="bf16")
     assert child.outcome == "crash" and "exited with status 1" in child.failure
     assert "ValueError: evaluation batch of" in child.failure
+    # the one-line views (the progress line, a failed baseline's message) name the exception too
+    assert "ValueError: evaluation batch of" in child.reason()
 
 
 def test_a_value_the_knob_does_not_take_is_invalid_naming_the_knob():

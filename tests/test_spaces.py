@@ -157,6 +157,16 @@ def test_cuda_graphs_with_accumulation_are_invalid_on_cuda_only():
     assert SPACE.invalid({"compile": "max-autotune", "accumulation_steps": 2}, CPU) is None  # no CUDA graphs
 
 
+def test_more_parallel_interleave_calls_than_a_fixed_cycle_is_invalid():
+    # tf.data refuses it when the pipeline is built (InvalidArgumentError): a trial of it is
+    # invalid without a child, so the sampler learns the clash instead of a crash
+    tf_space = for_framework("tensorflow")
+    why = tf_space.invalid({"cycle_length": 1, "interleave_parallel_calls": 2}, CPU)
+    assert why and "interleave_parallel_calls=2 with cycle_length=1" in why
+    for calls, cycle in [(2, 2), (1, 4), ("autotune", 1), (2, "autotune"), (0, 1)]:
+        assert tf_space.invalid({"cycle_length": cycle, "interleave_parallel_calls": calls}, CPU) is None
+
+
 def test_tensorflow_tf32_knob_follows_the_gpu_and_the_policy():
     tf_space = for_framework("tensorflow")
     gpu = {"hardware": {"gpu": True, "cuda": True, "bf16": True, "tf32": True, "usable_cores": 8},

@@ -29,6 +29,7 @@ from knobtune.trainers.common.wire import Request, Result
 CHILD_OUTCOMES = ("ok", "nan", "oom", "invalid")
 TAIL_LINES = 15
 TAIL_CHARS = 2000
+LAST_LINE_CHARS = 400  # of the output's last line, in a crash's one-line reason
 
 
 class Cancelled(Exception):
@@ -146,9 +147,17 @@ def classify(returncode: int | None, timed_out: bool, result: Result, tail: str,
         sig = -returncode
         if sig == signal.SIGKILL:
             return "oom", KILLED_UNASKED
-        return "crash", f"killed by {_signal_name(sig)}" + (f"; last output:\n{tail}" if tail else "")
-    reason = f"exited with status {returncode}" if returncode else "exited without a result"
-    return "crash", reason + (f"; last output:\n{tail}" if tail else "")
+        return "crash", _with_tail(f"killed by {_signal_name(sig)}", tail)
+    return "crash", _with_tail(f"exited with status {returncode}" if returncode else "exited without a result", tail)
+
+
+def _with_tail(reason: str, tail: str) -> str:
+    """``reason``, then the output's last line on the same line (the one-line views show only the
+    first: a Python exception's type and message) and the whole tail below it."""
+    if not tail:
+        return reason
+    last = tail.strip().splitlines()[-1].strip()
+    return f"{reason}; last output: {last[:LAST_LINE_CHARS]}{'...' if len(last) > LAST_LINE_CHARS else ''}\n{tail}"
 
 
 def _segments(path: Path) -> list[dict[str, Any]]:
