@@ -28,14 +28,19 @@ AUTOTUNE = "autotune"
 _hw = hardware
 
 
+def _count(value: Any) -> bool:
+    """A whole number of calls, files or threads (not a bool, not "autotune")."""
+    return isinstance(value, int) and not isinstance(value, bool)
+
+
 def _parallelism(value: Any) -> str | None:
-    if value == AUTOTUNE or (isinstance(value, int) and not isinstance(value, bool) and value >= 0):
+    if value == AUTOTUNE or (_count(value) and value >= 0):
         return None
     return f"expected 0 (sequential), a number of parallel calls or {AUTOTUNE!r}, got {value!r}"
 
 
 def _cycle(value: Any) -> str | None:
-    if value == AUTOTUNE or (isinstance(value, int) and not isinstance(value, bool) and value >= 1):
+    if value == AUTOTUNE or (_count(value) and value >= 1):
         return None
     return f"expected a number of files >= 1 or {AUTOTUNE!r}, got {value!r}"
 
@@ -171,10 +176,6 @@ def invalid(values: Mapping[str, Any], ctx: Context) -> str | None:
     why = (_group(ctx).get("multi_step_ops") or {}).get(ops) if steps > 1 else None
     return (f"steps_per_execution={steps} with cross_device_ops={ops!r}: MirroredStrategy fails here ({why})"
             if why else None)
-
-
-def _count(value: Any) -> bool:
-    return isinstance(value, int) and not isinstance(value, bool)
 
 
 def _non_negative(value: Any) -> str | None:

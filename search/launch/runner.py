@@ -153,10 +153,11 @@ def classify(returncode: int | None, timed_out: bool, result: Result, tail: str,
 
 def _with_tail(reason: str, tail: str) -> str:
     """``reason``, then the output's last line on the same line (the one-line views show only the
-    first: a Python exception's type and message) and the whole tail below it."""
-    if not tail:
+    first: usually a Python exception's type and message) and the whole tail below it."""
+    lines = tail.strip().splitlines()
+    if not lines:
         return reason
-    last = tail.strip().splitlines()[-1].strip()
+    last = lines[-1].strip()
     return f"{reason}; last output: {last[:LAST_LINE_CHARS]}{'...' if len(last) > LAST_LINE_CHARS else ''}\n{tail}"
 
 

@@ -17,12 +17,15 @@ best: TPE learns the same from many more trials.
   (bonus / sqrt(1 + trials with that value)). In a space small enough to enumerate, each trial
   takes every knob at its most valuable value; when that configuration has been measured, or is
   being measured, the most valuable one that has not. In a larger space (the full space of a
-  framework: about 15 knobs, hundreds of thousands of configurations) that rule changes every
+  framework: 10 to 16 knobs, 10^4 to 10^8 configurations) that rule changes every
   value not yet tried at once, and one slow value among them hides the others; there, each trial
   starts from the incumbent (the configuration that ran with the best estimate) and makes only
   its ``radius`` most valuable changes, a trust region that grows after a trial that beats every
-  earlier one and shrinks after one that does not. With the final verdict's accuracy floor, a
-  second model (of accuracy, from ``accuracies``) steers it away from configurations expected
+  earlier one and shrinks after one that does not (an invalid one included). A conditional knob
+  that a change switches on takes its most valuable value without counting as a change. When that
+  proposal was measured, is expected under the accuracy floor or carries a clash's blame, the
+  best fresh one of the incumbent's subsets of its most valuable changes and its neighbours.
+  With the final verdict's accuracy floor, a second model (of accuracy, from ``accuracies``) steers it away from configurations expected
   under the floor. Multi-objective (``pareto``) studies get TPE: one log-rate model does not rank
   a front.
 """
@@ -150,6 +153,14 @@ def radius(values: Sequence[float], startup: int, knobs: int) -> int:
         else:
             size = max(MIN_RADIUS, size - 1)
     return max(1, min(size, knobs))
+
+
+def _in_order(trials: Sequence[FrozenTrial], seen: Sequence[tuple[Params, float]]) -> list[float]:
+    """The log objectives of ``seen`` (``observations(trials)``) in trial order, with minus infinity
+    for each invalid trial where it ran: for ``radius``, an invalid trial did not beat the others."""
+    values = iter(v for _, v in seen)
+    return [-math.inf if _invalid(t) else next(values) for t in trials
+            if t.state in (TrialState.COMPLETE, TrialState.PRUNED)]
 
 
 def with_failures(values: Sequence[tuple[Params, float | None]]) -> list[tuple[Params, float]]:
@@ -287,16 +298,17 @@ class EffectsSampler(optuna.samplers.BaseSampler):
             first_choice = best
             near = [dict(zip(choices, values)) for values in itertools.product(*choices.values())]
         else:  # a large space: the incumbent's most valuable changes, within the trust region
-            ran = [dict(t.params) for t in trials if _log_objective(t, minimize) is not None and not _invalid(t)]
-            incumbent = max([p for p in ran if allowed(p)] or ran or [best], key=model.estimate)
+            feasible = [dict(t.params) for t in trials if _log_objective(t, minimize) is not None]
+            incumbent = max([p for p in feasible if allowed(p)] or feasible or [best], key=model.estimate)
+            # a conditional knob the incumbent lacks takes its most valuable value (not a change)
             incumbent = {k: incumbent[k] if (k, _key(incumbent.get(k, ABSENT))) in value else best[k] for k in choices}
-            moves = sorted(((value[(k, _key(v))] - value[(k, _key(incumbent[k]))], k, v) for k, vs in choices.items()
-                            for v in vs if _key(v) != _key(incumbent[k])), key=lambda m: -m[0])
-            moves = list({k: (g, k, v) for g, k, v in reversed(moves)}.values())  # each knob's most valuable
-            moves.sort(key=lambda m: -m[0])
-            size = radius([v for _, v in seen], self._startup, len(choices))
+            moves = sorted(((value[(k, _key(v))] - value[(k, _key(incumbent[k]))], k, v) for k, v in
+                            ((k, max((v for v in vs if _key(v) != _key(incumbent[k])),
+                                     key=lambda v, k=k: value[(k, _key(v))], default=ABSENT))
+                             for k, vs in choices.items()) if v is not ABSENT), key=lambda m: -m[0])
+            size = radius(_in_order(trials, seen), self._startup, len(choices))
             first_choice = {**incumbent, **{k: v for g, k, v in moves[:size] if g > 0}}
-            near = [{**incumbent, **{k: v for _, k, v in chosen}} for n in range(1, size + 1)
+            near = [{**incumbent, **{k: v for _, k, v in chosen}} for n in range(2, size + 1)
                     for chosen in itertools.combinations(moves[:LOCAL_MOVES], n)]
             near += [{**incumbent, k: v} for k, vs in choices.items() for v in vs if _key(v) != _key(incumbent[k])]
         if not measured(first_choice) and allowed(first_choice) and not clash(first_choice):
