@@ -26,8 +26,8 @@ best: TPE learns the same from many more trials.
   proposal was measured, is expected under the accuracy floor or carries a clash's blame, the
   best fresh one of the incumbent's subsets of its most valuable changes and its neighbours.
   With the final verdict's accuracy floor, a second model (of accuracy, from ``accuracies``)
-  steers it away from configurations expected under the floor. Multi-objective (``pareto``) studies get TPE: one log-rate model does not rank
-  a front.
+  steers it away from configurations expected under the floor. Multi-objective (``pareto``)
+  studies get TPE: one log-rate model does not rank a front.
 """
 from __future__ import annotations
 
