@@ -302,10 +302,10 @@ class EffectsSampler(optuna.samplers.BaseSampler):
             incumbent = max([p for p in feasible if allowed(p)] or feasible or [best], key=model.estimate)
             # a conditional knob the incumbent lacks takes its most valuable value (not a change)
             incumbent = {k: incumbent[k] if (k, _key(incumbent.get(k, ABSENT))) in value else best[k] for k in choices}
-            moves = sorted(((value[(k, _key(v))] - value[(k, _key(incumbent[k]))], k, v) for k, v in
-                            ((k, max((v for v in vs if _key(v) != _key(incumbent[k])),
-                                     key=lambda v, k=k: value[(k, _key(v))], default=ABSENT))
-                             for k, vs in choices.items()) if v is not ABSENT), key=lambda m: -m[0])
+            alternative = {k: max((v for v in vs if _key(v) != _key(incumbent[k])),
+                                  key=lambda v, k=k: value[(k, _key(v))], default=ABSENT) for k, vs in choices.items()}
+            moves = sorted(((value[(k, _key(v))] - value[(k, _key(incumbent[k]))], k, v)
+                            for k, v in alternative.items() if v is not ABSENT), key=lambda m: -m[0])
             size = radius(_in_order(trials, seen), self._startup, len(choices))
             first_choice = {**incumbent, **{k: v for g, k, v in moves[:size] if g > 0}}
             near = [{**incumbent, **{k: v for _, k, v in chosen}} for n in range(2, size + 1)
