@@ -138,7 +138,8 @@ def main() -> int:
                         help="the grid: small (32 configurations, both frameworks) or xla (TensorFlow: small "
                              "and jit_compile, 64)")
     parser.add_argument("--trials", type=int, default=10, help="trial budget per search (default 10)")
-    parser.add_argument("--seeds", type=int, default=5)
+    parser.add_argument("--seeds", type=int, default=5,
+                        help="searches per strategy, each with its own seed (default 5; 0: measure the grid only)")
     parser.add_argument("--sampler", default=StudySection.sampler, choices=SAMPLERS,
                         help=f"knobtune's sampler (default {StudySection.sampler!r}, a study file's default)")
     parser.add_argument("--grid-file", type=Path, default=None,
@@ -230,6 +231,9 @@ def main() -> int:
     for name, ref in references.items():
         ranked = sorted(top, key=lambda k: -ref[k][0])
         print(f"   reference '{name}': " + ", ".join(f"{ref[k][0]:,.0f}" for k in ranked), flush=True)
+
+    if args.seeds == 0:  # the grid and its paired top only (kept with --grid-file), no searches
+        return 0
 
     from knobtune.search.story import results
 
