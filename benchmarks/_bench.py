@@ -4,6 +4,7 @@ from __future__ import annotations
 import argparse
 import math
 import os
+import random
 import statistics
 import sys
 from pathlib import Path
@@ -183,4 +184,36 @@ def settled(table: dict[tuple, tuple[float, float]], top: dict[tuple, list[tuple
     for k, got in ratios.items():
         accuracies = [a for _, a in measured[k]] + [a for x, a in top[k] if x > 0]
         out[k] = (statistics.median(got) * level if got else table[k][0], statistics.fmean(accuracies))
+    return out
+
+
+def reference_spread(measured: dict[tuple, list[tuple[float, float]]], top: dict[tuple, list[tuple[float, float]]],
+                     floor: float, resamples: int = 1000, seed: int = 0) -> dict[tuple, tuple[float, float, float]]:
+    """How sure the grid is of its own ranking: the reference (medians of the passes, settled by
+    the top's paired rounds) recomputed ``resamples`` times from passes and rounds drawn with
+    replacement. Per configuration that passes ``floor``: the 5th and 95th percentiles of its rate
+    over the best's, and the share of resamples in which it is within 95 % of the best (a
+    configuration the grid cannot tell from its best has a 95th percentile of 0.95 or more)."""
+    rng = random.Random(seed)
+
+    def ratios(runs: dict[tuple, list[tuple[float, float]]], rounds: dict[tuple, list[tuple[float, float]]]) \
+            -> dict[tuple, float]:
+        table = {k: (statistics.median(r for r, _ in v), statistics.fmean(a for _, a in v)) for k, v in runs.items()}
+        ref = {k: rate for k, (rate, acc) in settled(table, rounds, runs).items() if acc >= floor and rate > 0}
+        best = max(ref.values(), default=0.0)
+        return {k: rate / best for k, rate in ref.items()} if best else {}
+
+    drawn: dict[tuple, list[float]] = {k: [] for k in measured}
+    n = min((len(v) for v in top.values()), default=0)
+    for _ in range(resamples):
+        picks = [rng.randrange(n) for _ in range(n)]  # the same rounds for every top configuration: still paired
+        got = ratios({k: [rng.choice(v) for _ in v] for k, v in measured.items()},
+                     {k: [v[i] for i in picks] for k, v in top.items()})
+        for k in measured:
+            drawn[k].append(got.get(k, 0.0))
+    out = {}
+    for k in ratios(measured, top):
+        values = sorted(drawn[k])
+        out[k] = (values[int(0.05 * resamples)], values[int(0.95 * resamples) - 1],
+                  sum(v >= 0.95 for v in values) / resamples)
     return out

@@ -40,7 +40,7 @@ from knobtune.search.storage.record import TrialRecord
 from knobtune.search.study.definition import SAMPLERS, StudySection
 from knobtune.search.study.objective import final_floor
 
-from _bench import grid_runs, plan_for, run_params, run_study, settled, space_lines, study_text
+from _bench import grid_runs, plan_for, reference_spread, run_params, run_study, settled, space_lines, study_text
 
 SEARCHED = {
     "pytorch": {"batch_size": [64, 128, 256, 512], "num_workers": [0, 2], "intra_op_threads": [0, 1],
@@ -231,6 +231,14 @@ def main() -> int:
     for name, ref in references.items():
         ranked = sorted(top, key=lambda k: -ref[k][0])
         print(f"   reference '{name}': " + ", ".join(f"{ref[k][0]:,.0f}" for k in ranked), flush=True)
+    spread = reference_spread(measured, top_runs, floor)
+    close = {k for k, (_, high, _) in spread.items() if high >= 0.95}
+    print(f"   the reference's own spread (passes and paired rounds drawn again, 1000 times): a configuration's "
+          f"rate / the best's, 5th-95th percentile, and how often it is within 95 % of the best; "
+          f"{len(close)} cannot be told from the best", flush=True)
+    for k in sorted(spread, key=lambda k: -spread[k][2])[:max(len(top), len(close))]:
+        low, high, share = spread[k]
+        print(f"     {low:.2f}-{high:.2f}  {share:4.0%}  {dict(k)}", flush=True)
 
     if args.seeds == 0:  # the grid and its paired top only (kept with --grid-file), no searches
         return 0
@@ -278,6 +286,10 @@ def main() -> int:
           f"{statistics.median(spreads):.0%}); its top {len(top)} in {rounds} paired rounds")
     for name, ref in references.items():
         _summary(name, ref, floor, key, picks, searches, budgets, args.trials)
+    told = {s: [bool(p) and key(p.params) in close for p in ps] for s, ps in picks.items()}
+    print(f"\npicks the grid cannot tell from its best (95th percentile of their ratio >= 0.95; {len(close)} of "
+          f"{len(grid)} configurations): knobtune {sum(told['knobtune'])}/{args.seeds}   "
+          f"random {sum(told['random'])}/{args.seeds}")
     table_l = references[next(iter(references))]
     l_sps, l_acc = table_l[key(lightning)]
     knob_best = statistics.median([table_l[key(w.params)][0] if w else 0.0 for w in picks["knobtune"]]) or float("nan")

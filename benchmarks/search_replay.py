@@ -29,7 +29,7 @@ import optuna
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 from knobtune.search.study.effects import Effects, EffectsSampler, with_failures  # noqa: E402
 
-from _bench import grid_runs, settled  # noqa: E402
+from _bench import grid_runs, reference_spread, settled  # noqa: E402
 
 Config = tuple[tuple[str, Any], ...]
 Runs = dict[Config, list[tuple[float, float]]]
@@ -156,17 +156,21 @@ def main() -> int:
             lambda s, b=b: EffectsSampler(seed=s, bonus=b, floor=lambda _: floor)) for b in args.bonus},
     }
     floor = Replay(runs, base, random.Random(0), top).floor
-    print(f"{framework}: {len(runs)} configurations; baseline {dict(base)}; advice {dict(advice)}")
+    close = {k for k, (_, high, _) in reference_spread(runs, top, floor).items() if high >= 0.95}
+    print(f"{framework}: {len(runs)} configurations; baseline {dict(base)}; advice {dict(advice)}; "
+          f"{len(close)} the grid cannot tell from its best (95th percentile of their ratio >= 0.95)")
     chosen = [(name, s) for name, s in strategies.items() if args.only in name]
     for (name, strategy), model in [(item, m) for item in chosen for m in (False, True)]:
-        found, reach = [], []
+        found, reach, told = [], [], []
         for seed in range(args.seeds):
             replay = Replay(runs, base, random.Random(seed), top)
             asked = strategy(replay, args.trials, [base] if name == "random" else [base, advice], seed)
             measured: dict[Config, tuple[float, float]] = {}
             for c, m in asked:  # (a configuration asked again keeps its first measurement, as a study skips it)
                 measured.setdefault(c, m)
-            found.append(replay.score(confirm(replay, measured, args.rounds, args.candidates, model=model)))
+            pick = confirm(replay, measured, args.rounds, args.candidates, model=model)
+            found.append(replay.score(pick))
+            told.append(pick in close)
             best, hit = 0.0, None
             for i, (c, _) in enumerate(asked, start=1):
                 best = max(best, replay.score(c))
@@ -175,7 +179,8 @@ def main() -> int:
             reach.append(hit)
         hits = [h for h in reach if h is not None]
         print(f"{name:21s} {'model' if model else 'rates'} picked / grid best: median {statistics.median(found):.2f}, "
-              f"seeds >= 0.95: {sum(f >= 0.95 for f in found) / len(found):.0%}, worst {min(found):.2f}; "
+              f"seeds >= 0.95: {sum(f >= 0.95 for f in found) / len(found):.0%}, worst {min(found):.2f}, "
+              f"not told from the best: {sum(told) / len(told):.0%}; "
               f"a trial within 95 %: {len(hits) / len(reach):.0%} of seeds, median trial "
               f"{statistics.median(hits) if hits else float('nan'):.0f}")
     return 0

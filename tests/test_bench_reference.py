@@ -1,0 +1,45 @@
+"""The search benchmark's reference and its own spread (benchmarks/_bench.py): what the grid can
+and cannot tell apart, on made-up grids whose answer is known."""
+from __future__ import annotations
+
+import random
+import sys
+from pathlib import Path
+
+import pytest
+
+sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "benchmarks"))
+
+from _bench import reference_spread  # noqa: E402
+
+A, B, C, LOW = (("batch_size", 256),), (("batch_size", 128),), (("batch_size", 64),), (("batch_size", 512),)
+
+
+def passes(level: float, rng: random.Random, accuracy: float = 0.95, n: int = 8) -> list[tuple[float, float]]:
+    return [(level * rng.uniform(0.6, 1.4), accuracy) for _ in range(n)]
+
+
+def test_ties_cannot_be_told_apart_a_clear_loser_and_a_config_under_the_floor_can():
+    rng = random.Random(1)
+    measured = {A: passes(100, rng), B: passes(99, rng), C: passes(55, rng), LOW: passes(120, rng, accuracy=0.80)}
+    spread = reference_spread(measured, {}, floor=0.9)
+    assert LOW not in spread  # under the accuracy floor: never the best, never a candidate
+    assert spread[A][1] >= 0.95 and spread[B][1] >= 0.95  # a tie within the passes' noise
+    assert 0 < spread[A][2] < 1 and 0 < spread[B][2] < 1
+    low, high, share = spread[C]
+    assert high < 0.95 and share == 0.0
+    assert all(0 <= lo <= hi <= 1 for lo, hi, _ in spread.values())
+
+
+def test_paired_rounds_separate_what_the_drifting_passes_could_not():
+    # the passes ran minutes apart on a drifting machine: A and B overlap there. In every paired round
+    # B ran at 0.85 of A whatever the round's level: the reference, resampled round by round, keeps that.
+    rng = random.Random(2)
+    measured = {A: passes(100, rng), B: passes(95, rng), C: passes(40, rng)}
+    levels = [rng.uniform(50, 150) for _ in range(8)]
+    top = {A: [(x, 0.95) for x in levels], B: [(0.85 * x, 0.95) for x in levels]}
+    spread = reference_spread(measured, top, floor=0.9)
+    assert spread[A] == (1.0, 1.0, 1.0)
+    assert spread[B][:2] == pytest.approx((0.85, 0.85)) and spread[B][2] == 0.0
+    # without the paired rounds the passes alone cannot tell them apart
+    assert reference_spread(measured, {}, floor=0.9)[B][1] >= 0.95
