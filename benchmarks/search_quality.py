@@ -151,7 +151,7 @@ def main() -> int:
                              "rate and mean accuracy (default 3; a --grid-file with fewer gets the rest measured "
                              "and added, one with more is read whole)")
     parser.add_argument("--top-rounds", type=int, default=8,
-                        help=f"paired rounds of the grid's top (within {TOP_BAND:.0%} of its best), the reference "
+                        help=f"paired rounds of the grid's top (within {TOP_BAND:.0%}% of its best), the reference "
                              "the searches are scored by; 0: the grid's medians only (default 8)")
     args = parser.parse_args()
     fw = args.framework
@@ -286,6 +286,15 @@ def main() -> int:
           f"{statistics.median(spreads):.0%}); its top {len(top)} in {rounds} paired rounds")
     for name, ref in references.items():
         _summary(name, ref, floor, key, picks, searches, budgets, args.trials)
+    # the grid may have been measured on another day (--grid-file): the baseline now against then
+    now = [TrialRecord.of(b).samples_per_second for ss in searches.values() for b in map(results.baseline, ss) if b]
+    now = [r for r in now if r]
+    if now:
+        then = table[key(base_params)][0]
+        print(f"\nthe baseline in these searches: median {statistics.median(now):,.0f} samples/s, "
+              f"{statistics.median(now) / then:.2f}x the grid's ({then:,.0f})"
+              + ("; the machine has changed since the grid: its ranking may not hold now"
+                 if not 0.8 <= statistics.median(now) / then <= 1.25 else ""))
     told = {s: [bool(p) and key(p.params) in close for p in ps] for s, ps in picks.items()}
     print(f"\npicks the grid cannot tell from its best (95th percentile of their ratio >= 0.95; {len(close)} of "
           f"{len(grid)} configurations): knobtune {sum(told['knobtune'])}/{args.seeds}   "
