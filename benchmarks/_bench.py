@@ -156,6 +156,12 @@ def median(values: Iterable[float]) -> float:
     return statistics.median(values) if values else float("nan")
 
 
+def grid_table(runs: dict[tuple, list[tuple[float, float]]]) -> dict[tuple, tuple[float, float]]:
+    """Per configuration, its (samples/s, accuracy) runs as the grid scores them: the median rate
+    and the mean accuracy."""
+    return {k: (median(r for r, _ in v), statistics.fmean(a for _, a in v)) for k, v in runs.items()}
+
+
 def grid_runs(entries: list) -> dict[tuple, list[tuple[float, float]]]:
     """A grid file's ``runs`` or ``top`` entries (search_quality.py's --grid-file): per configuration
     (its knob pairs), its (samples/s, accuracy) runs."""
@@ -198,8 +204,8 @@ def reference_spread(measured: dict[tuple, list[tuple[float, float]]], top: dict
 
     def ratios(runs: dict[tuple, list[tuple[float, float]]], rounds: dict[tuple, list[tuple[float, float]]]) \
             -> dict[tuple, float]:
-        table = {k: (statistics.median(r for r, _ in v), statistics.fmean(a for _, a in v)) for k, v in runs.items()}
-        ref = {k: rate for k, (rate, acc) in settled(table, rounds, runs).items() if acc >= floor and rate > 0}
+        settled_table = settled(grid_table(runs), rounds, runs)
+        ref = {k: rate for k, (rate, acc) in settled_table.items() if acc >= floor and rate > 0}
         best = max(ref.values(), default=0.0)
         return {k: rate / best for k, rate in ref.items()} if best else {}
 

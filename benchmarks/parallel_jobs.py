@@ -14,7 +14,6 @@
 from __future__ import annotations
 
 import argparse
-import statistics
 import sys
 import tempfile
 from pathlib import Path
@@ -25,7 +24,7 @@ from knobtune.search.storage.record import TrialRecord
 from knobtune.search.story import results
 from knobtune.search.study.objective import final_floor
 
-from _bench import median, plan_for, run_params, run_study, study_text
+from _bench import grid_table, plan_for, run_params, run_study, study_text
 
 # 16 configurations: a 16-trial study does not run out of new ones while two run at once
 SPACE = """batch_size = [32, 64, 128, 256]
@@ -86,7 +85,7 @@ def main() -> int:
                 runs[key(params)].append((r.samples_per_second or 0.0, r.val_accuracy or 0.0))
         base = plan.space.baseline_params(plan.offer, plan.ctx, plan.definition.baseline)
         floor = final_floor([acc for _, acc in runs[key(base)]], plan.definition.guard.max_accuracy_drop)
-        table = {k: (median(r for r, _ in v), statistics.fmean(a for _, a in v)) for k, v in runs.items()}
+        table = grid_table(runs)
         feasible = {k: v[0] for k, v in table.items() if v[1] >= floor}
         winner = results.best(parallel)
         found = feasible.get(key(winner.params), 0.0) if winner is not None else 0.0

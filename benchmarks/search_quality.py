@@ -40,7 +40,8 @@ from knobtune.search.storage.record import TrialRecord
 from knobtune.search.study.definition import SAMPLERS, StudySection
 from knobtune.search.study.objective import final_floor
 
-from _bench import grid_runs, plan_for, reference_spread, run_params, run_study, settled, space_lines, study_text
+from _bench import (grid_runs, grid_table, plan_for, reference_spread, run_params, run_study, settled, space_lines,
+                    study_text)
 
 SEARCHED = {
     "pytorch": {"batch_size": [64, 128, 256, 512], "num_workers": [0, 2], "intra_op_threads": [0, 1],
@@ -199,8 +200,7 @@ def main() -> int:
     spreads = [max(r for r, _ in v) / min(r for r, _ in v) - 1 for v in measured.values() if min(r for r, _ in v) > 0]
     print(f"   the grid's own spread: a configuration's fastest pass over its slowest, median "
           f"{statistics.median(spreads):.0%}, max {max(spreads):.0%}", flush=True)
-    table = {k: (statistics.median(v[0] for v in runs), statistics.fmean(v[1] for v in runs))
-             for k, runs in measured.items()}
+    table = grid_table(measured)
     base_params = space.baseline_params(offer, plan.ctx, plan.definition.baseline)
     # the reference guard is knobtune's final rule, on the grid's seeded runs: a configuration's mean
     # accuracy against the baseline's mean minus max_accuracy_drop
@@ -287,14 +287,15 @@ def main() -> int:
     for name, ref in references.items():
         _summary(name, ref, floor, key, picks, searches, budgets, args.trials)
     # the grid may have been measured on another day (--grid-file): the baseline now against then
-    now = [TrialRecord.of(b).samples_per_second for ss in searches.values() for b in map(results.baseline, ss) if b]
-    now = [r for r in now if r]
+    bases = (results.baseline(study) for studies in searches.values() for study in studies)
+    now = [rate for rate in (TrialRecord.of(b).samples_per_second for b in bases if b) if rate]
     if now:
         then = table[key(base_params)][0]
+        ratio = statistics.median(now) / then
         print(f"\nthe baseline in these searches: median {statistics.median(now):,.0f} samples/s, "
-              f"{statistics.median(now) / then:.2f}x the grid's ({then:,.0f})"
-              + ("; the machine has changed since the grid: its ranking may not hold now"
-                 if not 0.8 <= statistics.median(now) / then <= 1.25 else ""))
+              f"{ratio:.2f}x the grid's ({then:,.0f})"
+              + ("" if 0.8 <= ratio <= 1.25 else "; the machine has changed since the grid: its ranking may not "
+                 "hold now"))
     told = {s: [bool(p) and key(p.params) in close for p in ps] for s, ps in picks.items()}
     print(f"\npicks the grid cannot tell from its best (95th percentile of their ratio >= 0.95; {len(close)} of "
           f"{len(grid)} configurations): knobtune {sum(told['knobtune'])}/{args.seeds}   "

@@ -29,7 +29,7 @@ import optuna
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 from knobtune.search.study.effects import Effects, EffectsSampler, with_failures  # noqa: E402
 
-from _bench import grid_runs, reference_spread, settled  # noqa: E402
+from _bench import grid_runs, grid_table, reference_spread, settled  # noqa: E402
 
 Config = tuple[tuple[str, Any], ...]
 Runs = dict[Config, list[tuple[float, float]]]
@@ -50,8 +50,7 @@ class Replay:
         self.runs, self.baseline, self.rng = runs, baseline, rng
         self.knobs = {k: sorted({dict(c)[k] for c in runs}, key=str) for k, _ in next(iter(runs))}
         self.floor = statistics.fmean(a for _, a in runs[baseline]) - MAX_DROP
-        medians = {c: (statistics.median(r for r, _ in v), statistics.fmean(a for _, a in v)) for c, v in runs.items()}
-        reference = settled(medians, top or {}, runs)  # the paired rounds of the top, where measured
+        reference = settled(grid_table(runs), top or {}, runs)  # the paired rounds of the top, where measured
         self.table = {c: rate for c, (rate, accuracy) in reference.items() if accuracy >= self.floor}
         self.best = max(self.table.values())
 
