@@ -176,8 +176,8 @@ def test_a_new_source_on_resume_is_deduplicated_against_the_trials_measured(sour
     assert f"warm start: {len(fresh)} configuration(s) queued from third" in proc.stderr
 
 
-def test_refusals_say_what_was_given_and_expected(sources: Path):
-    tmp = sources
+def test_refusals_say_what_was_given_and_expected(warmed):
+    tmp, _ = warmed  # (the storage holds "second" too: the listing below names it)
     rebuild("mlp-tensorflow", f"sqlite:///{tmp / 'knobtune.db'}", as_name="tf-study")
     diverging = study_file(tmp, SOURCE.format(burst=TINY_BURST).replace('name = "first"', 'name = "nan-study"')
                            .replace('"kt_test_workloads:tiny"', '"kt_test_workloads:diverge"') + "[workload]\nafter = 0\n",
