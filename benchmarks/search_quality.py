@@ -26,6 +26,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
 import random
 import statistics
 import sys
@@ -72,7 +73,14 @@ def _read_grid(path: Path | None, framework: str, space: str,
 
 
 def _write_grid(path: Path, framework: str, space: str, runs: dict, top: dict) -> None:
+    """The grid's passes and paired rounds, with when and where they were measured (a later run
+    compares its baseline with the grid's: the machine may have changed since)."""
+    import datetime
+    import platform
+
     path.write_text(json.dumps({"framework": framework, "space": space,
+                                "measured": {"date": datetime.date.today().isoformat(), "cpus": os.cpu_count(),
+                                             "machine": platform.machine()},
                                 "runs": [[list(map(list, k)), v] for k, v in runs.items()],
                                 "top": [[list(map(list, k)), v] for k, v in top.items()]}))
 
@@ -152,7 +160,8 @@ def main() -> int:
                              "rate and mean accuracy (default 3; a --grid-file with fewer gets the rest measured "
                              "and added, one with more is read whole)")
     parser.add_argument("--top-rounds", type=int, default=8,
-                        help=f"paired rounds of the grid's top (within {TOP_BAND:.0%}% of its best), the reference "
+                        help=f"paired rounds of the grid's top (within {TOP_BAND:.0%}% of its best, or not told from "
+                             "it by the passes), the reference "
                              "the searches are scored by; 0: the grid's medians only (default 8)")
     args = parser.parse_args()
     fw = args.framework
@@ -183,7 +192,9 @@ def main() -> int:
     if kept is not None:
         measured = {k: v[:done] for k, v in kept[0].items()}
         top_runs = kept[1]
-        print(f"1. exhaustive grid ({fw}): {len(grid)} configurations, {done} passes read from {args.grid_file}"
+        when = json.loads(args.grid_file.read_text()).get("measured", {}).get("date", "on an unrecorded date")
+        print(f"1. exhaustive grid ({fw}): {len(grid)} configurations, {done} passes read from {args.grid_file} "
+              f"(measured {when})"
               + (f", {args.grid_repeats - done} more to measure" if args.grid_repeats > done else ""), flush=True)
     else:
         print(f"1. exhaustive grid ({fw}): {len(grid)} configurations, {args.grid_repeats} passes", flush=True)
@@ -208,14 +219,16 @@ def main() -> int:
     grid_best = max(v[0] for v in table.values() if v[1] >= floor)
 
     # The passes ran minutes apart, and the machine drifts between minutes by more than the top
-    # configurations differ: those within TOP_BAND of the best are measured again in paired rounds.
-    top = sorted((k for k, (rate, acc) in table.items() if acc >= floor and rate >= (1 - TOP_BAND) * grid_best),
-                 key=repr)
+    # configurations differ: those within TOP_BAND of the best, and those the passes alone cannot
+    # tell from it (on a drifting machine, more than the band holds), are measured again in paired rounds.
+    unsure = {k for k, (_, high, _) in reference_spread(measured, {}, floor).items() if high >= 0.95}
+    top = sorted({k for k, (rate, acc) in table.items() if acc >= floor and rate >= (1 - TOP_BAND) * grid_best}
+                 | unsure, key=repr)
     if set(top_runs) != set(top):
         top_runs = {}
     have = min((len(v) for v in top_runs.values()), default=0)
     if args.top_rounds > have and len(top) > 1:
-        print(f"   the top ({len(top)} configurations within {TOP_BAND:.0%} of the best): "
+        print(f"   the top ({len(top)} configurations within {TOP_BAND:.0%} of the best or not told from it): "
               f"{args.top_rounds - have} paired rounds, each in its own shuffled order", flush=True)
         top_runs = {k: top_runs.get(k, [])[:have] for k in top}
         order = list(top)

@@ -109,11 +109,11 @@ def sampler_search(make: Callable[[int], optuna.samplers.BaseSampler]) -> Strate
             trial = study.ask()
             config = tuple(sorted((k, trial.suggest_categorical(k, v)) for k, v in replay.knobs.items()))
             rate, accuracy = replay.measure(config)
-            trial.set_user_attr("val_accuracy", accuracy)
-            if rate == 0 and accuracy == 0:  # the grid's record of a run that could not run: told as knobtune tells it
-                trial.set_user_attr("outcome", "invalid")
+            if rate == 0 and accuracy == 0:  # the grid's record of a run that could not run: told as knobtune
+                trial.set_user_attr("outcome", "invalid")  # tells it (no accuracy: nothing was trained)
                 study.tell(trial, state=optuna.trial.TrialState.PRUNED)
             else:
+                trial.set_user_attr("val_accuracy", accuracy)
                 study.tell(trial, rate if accuracy >= replay.floor else 0.0)
             asked.append((config, (rate, accuracy)))
         return asked
