@@ -150,6 +150,27 @@ def test_winner_rule_pairs_rounds_and_keeps_the_baseline_unless_beaten_consisten
     assert choose_winner({"0": runs(10, 10, 10), "1": runs(8, 8, 9)}, 0, [1], True, 0.03)[0] == 1
 
 
+def test_close_calls_are_fast_challengers_whose_accuracy_is_within_the_rounds_uncertainty_of_the_floor():
+    from knobtune.search.study.confirm import _close_calls
+
+    def runs(value: float, *accuracies: float) -> list[dict]:
+        return [{"value": value, "val_accuracy": a} for a in accuracies]
+
+    table = {
+        "0": runs(100, 0.96, 0.95, 0.97, 0.96, 0.96),  # the baseline: mean 0.96, floor 0.94 at a 0.02 drop
+        "1": runs(150, 0.93, 0.95, 0.94, 0.93, 0.95),  # fast, mean 0.940: on the floor
+        "2": runs(150, 0.95, 0.96, 0.95, 0.96, 0.95),  # fast, mean 0.954: far above it for these rounds
+        "3": runs(150, 0.90, 0.91, 0.90, 0.91, 0.90),  # fast, mean 0.904: far under it
+        "4": runs(90, 0.93, 0.95, 0.94, 0.93, 0.95),  # on the floor, but slower than the baseline
+    }
+    assert _close_calls(table, 0, [1, 2, 3, 4], 0.94, False, 0.03) == [1]
+    # the width is in standard errors of the difference of the means: wide enough, #2 is close too
+    assert _close_calls(table, 0, [1, 2, 3, 4], 0.94, False, 0.03, width=8.0) == [1, 2]
+    # one round has no spread to judge by: only an exact tie with the floor is close
+    single = {k: v[:1] for k, v in table.items()}
+    assert _close_calls(single, 0, [1, 2], 0.93, False, 0.03) == [1]
+
+
 def test_a_tie_keeps_the_baseline(tmp_path: Path):
     # every step sleeps 50 ms and one worker decodes ahead: its prefetch depth (the only knob
     # searched) cannot make a step faster, so no configuration can beat the baseline. The bar is
@@ -182,11 +203,17 @@ def test_confirmation_interleaves_and_export_follows_the_confirmed_winner(tmp_pa
     proc = knobtune("run", str(path), "--no-diagnose", cwd=tmp_path, check=0)
     study = load(tmp_path, "confirm")
     confirmed = study.user_attrs["confirmed"]
-    assert confirmed["noisy"] is True and confirmed["repeats"] == 3  # every trial is "noisy" at cv > 0.0001 %
+    # every trial is "noisy" at cv > 0.0001 %; a candidate whose accuracy came within the rounds'
+    # uncertainty of the floor doubles the rounds, for everyone
+    rounds = 3 * (2 if confirmed["extended"] else 1)
+    assert confirmed["noisy"] is True and confirmed["repeats"] == rounds
     lineup = [int(n) for n in confirmed["runs"]]
     assert len(lineup) == 3 and lineup[-1] == confirmed["baseline"] == 0
-    assert confirmed["order"] == lineup * 3  # A B base A B base A B base
-    assert all(len(runs) == 3 for runs in confirmed["runs"].values())
+    assert confirmed["order"] == lineup * rounds  # A B base A B base A B base
+    assert all(len(runs) == rounds for runs in confirmed["runs"].values())
+    if confirmed["extended"]:
+        assert set(confirmed["extended"]["trials"]) <= set(lineup[:-1])
+        assert "more rounds for everyone" in proc.stderr
     for number, runs in confirmed["runs"].items():
         ran_with = {k: v["value"] for k, v in study.trials[int(number)].user_attrs["knobs"].items() if v["applied"]}
         assert ran_with["intra_op_threads"] == 1
@@ -205,7 +232,7 @@ def test_confirmation_interleaves_and_export_follows_the_confirmed_winner(tmp_pa
     assert "interleaved rounds" in proc.stdout
     export = knobtune("export", "confirm", "-o", "best.json", cwd=tmp_path, check=0)
     doc = json.loads((tmp_path / "best.json").read_text())
-    assert doc["trial"] == winner and doc["confirmed"]["rounds"] == 3
+    assert doc["trial"] == winner and doc["confirmed"]["rounds"] == rounds
     assert doc["confirmed"]["baseline_won"] == (winner == 0)
     # production's watchdog target: the winner's own samples/s over its rounds, with their spread
     rates = [run["samples_per_second"] for run in confirmed["runs"][str(winner)]]
@@ -213,11 +240,11 @@ def test_confirmation_interleaves_and_export_follows_the_confirmed_winner(tmp_pa
     assert doc["confirmed"]["samples_per_second_range"] == pytest.approx([min(rates), max(rates)])
     assert ("confirmed winner" if winner else "no candidate beat it") in export.stderr
     assert all(t.user_attrs.get("noisy") for t in study.trials if t.user_attrs.get("outcome") == "ok")
-    # the final accuracy verdict uses every baseline accuracy measured: its run and the 3 rounds
+    # the final accuracy verdict uses every baseline accuracy measured: its run and the rounds
     base_accs = confirmed["baseline_accuracies"]
-    assert len(base_accs) == 1 + 3 and base_accs[0] == study.trials[0].user_attrs["val_accuracy"]
+    assert len(base_accs) == 1 + rounds and base_accs[0] == study.trials[0].user_attrs["val_accuracy"]
     assert confirmed["accuracy_floor"] == pytest.approx(statistics.fmean(base_accs) - 0.02, abs=1e-6)
-    assert [r["seed_offset"] for r in confirmed["runs"]["0"]] == [1, 2, 3]  # fresh seeds, one per round
+    assert [r["seed_offset"] for r in confirmed["runs"]["0"]] == list(range(1, rounds + 1))  # fresh seeds, one a round
     assert confirmed["mean_accuracies"][str(winner)] >= confirmed["accuracy_floor"] or winner == 0
     assert ("final guard: its mean val_accuracy" in proc.stdout) == (winner != 0)
 

@@ -88,6 +88,52 @@ def choose_winner(runs: dict[str, list[dict[str, Any]]], base: int, challengers:
     return max(beaters, key=lambda n: paired[str(n)]["speedup"]), paired
 
 
+def _verdict(runs: dict[str, list[dict[str, Any]]], base: FrozenTrial, base_acc: list[float], plan: Plan,
+             judged: bool) -> tuple[float | None, dict[str, float | None], dict[str, float | None]]:
+    """The final floor (None when the guard does not judge accuracy), each lineup member's median
+    objective (None when it failed the verdict) and mean accuracy over its rounds."""
+    all_base = base_acc + [e["val_accuracy"] for e in runs[str(base.number)] if e["val_accuracy"] is not None]
+    floor = final_floor(all_base, plan.definition.guard.max_accuracy_drop) if judged and all_base else None
+    medians: dict[str, float | None] = {}
+    accuracies: dict[str, float | None] = {}
+    for number, entries in runs.items():
+        values = [e["value"] for e in entries if e["value"] is not None]
+        accs = [e["val_accuracy"] for e in entries if e["val_accuracy"] is not None and e["value"] is not None]
+        accuracies[number] = statistics.fmean(accs) if accs else None
+        if floor is None:
+            passed = sum(e["passed"] for e in entries) * 2 > len(entries)  # most runs reach the target
+        else:
+            passed = number == str(base.number) or (accuracies[number] is not None and accuracies[number] >= floor)
+        medians[number] = statistics.median(values) if values and passed else None
+    return floor, medians, accuracies
+
+
+def _close_calls(runs: dict[str, list[dict[str, Any]]], base: int, challengers: list[int], floor: float,
+                 minimize: bool, min_speedup: float, width: float = 1.0) -> list[int]:
+    """The challengers that beat the baseline on speed (``choose_winner``'s rule, accuracy aside)
+    and whose mean accuracy is within ``width`` standard errors of ``floor``: the standard error of
+    their mean minus the baseline's (each over its rounds; 0 with a single round)."""
+    def mean_se(values: list[float]) -> tuple[float, float]:
+        se = statistics.stdev(values) / len(values) ** 0.5 if len(values) > 1 else 0.0
+        return statistics.fmean(values), se
+
+    base_accs = [e["val_accuracy"] for e in runs[str(base)] if e["val_accuracy"] is not None]
+    if not base_accs:
+        return []
+    _, base_se = mean_se(base_accs)
+    _, paired = choose_winner(runs, base, challengers, minimize, min_speedup)
+    close = []
+    for number in challengers:
+        accs = [e["val_accuracy"] for e in runs[str(number)]
+                if e["val_accuracy"] is not None and e["value"] is not None]
+        if not accs or not paired[str(number)]["beats_baseline"]:
+            continue
+        mean, se = mean_se(accs)
+        if abs(mean - floor) <= width * (se ** 2 + base_se ** 2) ** 0.5:
+            close.append(number)
+    return close
+
+
 def confirm(study: optuna.Study, plan: Plan, err: TextIO) -> dict[str, Any] | None:
     """Run the confirmation and store it in the study attribute ``confirmed``."""
     cfg = plan.definition.confirm
@@ -107,44 +153,52 @@ def confirm(study: optuna.Study, plan: Plan, err: TextIO) -> dict[str, Any] | No
     # Each round trains everyone with a fresh seed (the same seed within a round, so the pairing is
     # fair): accuracies over rounds are independent measurements, not copies of the trials' runs.
     first_seed = plan.definition.guard.baseline_runs
-    for r in range(repeats):
-        shown = []
-        for t in lineup:
-            resolved = plan.space.resolve(t.params, plan.offer, plan.ctx)
-            report = measure(plan, resolved, is_baseline=t is base, seed_offset=first_seed + r)
-            score, ok = _score(plan, report, None if t is base else base_acc)
-            runs[str(t.number)].append({
-                "round": r, "seed_offset": first_seed + r, "value": score, "passed": ok, "outcome": report.outcome,
-                "samples_per_second": report.samples_per_second, "val_accuracy": report.val_accuracy,
-                "knobs": report.record.applied_knobs,
-            })
-            order.append(t.number)
-            value = report.samples_per_second if report.outcome == "ok" else None
-            shown.append(f"{'baseline' if t is base else f'#{t.number}'} {fmt(value) if value else report.outcome}")
-        err.write(f"  round {r + 1}/{repeats}: " + "   ".join(shown) + "\n")
+
+    def play(rounds: range, total: int) -> None:
+        for r in rounds:
+            shown = []
+            for t in lineup:
+                resolved = plan.space.resolve(t.params, plan.offer, plan.ctx)
+                report = measure(plan, resolved, is_baseline=t is base, seed_offset=first_seed + r)
+                score, ok = _score(plan, report, None if t is base else base_acc)
+                runs[str(t.number)].append({
+                    "round": r, "seed_offset": first_seed + r, "value": score, "passed": ok,
+                    "outcome": report.outcome, "samples_per_second": report.samples_per_second,
+                    "val_accuracy": report.val_accuracy, "knobs": report.record.applied_knobs,
+                })
+                order.append(t.number)
+                value = report.samples_per_second if report.outcome == "ok" else None
+                shown.append(f"{'baseline' if t is base else f'#{t.number}'} {fmt(value) if value else report.outcome}")
+            err.write(f"  round {r + 1}/{total}: " + "   ".join(shown) + "\n")
+
+    play(range(repeats), repeats)
     # The final verdict on accuracy: each candidate's mean accuracy over its rounds (each a fresh
     # seed) against the mean of every baseline accuracy measured (the trial's runs and this
     # confirmation's) minus max_accuracy_drop. During the search the floor also allows for the
     # baseline's spread, so that the sampler does not learn from noise; here both sides are
     # means over several seeds, and the winner must meet the guard as the user stated it.
+    judged = not minimize and plan.definition.guard.accuracy
+    floor, medians, accuracies = _verdict(runs, base, base_acc, plan, judged)
+    # A candidate that beats the baseline on speed and whose mean accuracy is within the rounds'
+    # own uncertainty of the floor would be kept or dropped by a few seeds' luck: every one in the
+    # lineup runs as many rounds again (once), and the verdict is taken over all of them.
+    close = _close_calls(runs, base.number, [t.number for t in chosen], floor, minimize, cfg.min_speedup) \
+        if floor is not None else []
+    extended = None
+    if close:
+        err.write(f"knobtune: {', '.join(f'#{n}' for n in close)} within the rounds' uncertainty of the accuracy "
+                  f"floor ({floor:.4f}): {repeats} more rounds for everyone ...\n")
+        play(range(repeats, 2 * repeats), 2 * repeats)
+        extended = {"trials": close, "first_floor": floor}
+        repeats *= 2
+        floor, medians, accuracies = _verdict(runs, base, base_acc, plan, judged)
     all_base = base_acc + [e["val_accuracy"] for e in runs[str(base.number)] if e["val_accuracy"] is not None]
-    judged = not minimize and plan.definition.guard.accuracy and all_base
-    floor = final_floor(all_base, plan.definition.guard.max_accuracy_drop) if judged else None
-    medians, accuracies = {}, {}
-    for number, entries in runs.items():
-        values = [e["value"] for e in entries if e["value"] is not None]
-        accs = [e["val_accuracy"] for e in entries if e["val_accuracy"] is not None and e["value"] is not None]
-        accuracies[number] = statistics.fmean(accs) if accs else None
-        if floor is None:
-            passed = sum(e["passed"] for e in entries) * 2 > len(entries)  # most runs reach the target
-        else:
-            passed = number == str(base.number) or (accuracies[number] is not None and accuracies[number] >= floor)
-        medians[number] = statistics.median(values) if values and passed else None
     confirmed: dict[str, Any] = {"after_trials": len(results.finished(study)), "repeats": repeats, "noisy": noisy,
                               "order": order, "runs": runs, "medians": medians, "baseline": base.number,
                               "pick": pick, "minimize": minimize, "winner": None,
                               "mean_accuracies": accuracies, "accuracy_floor": floor,
-                              "baseline_accuracies": all_base, "min_speedup": cfg.min_speedup}
+                              "baseline_accuracies": all_base, "min_speedup": cfg.min_speedup,
+                              "extended": extended}
     if medians[str(base.number)] is not None:
         challengers = [t for t in chosen if medians[str(t.number)] is not None]
         winner, paired = choose_winner(runs, base.number, [t.number for t in challengers], minimize, cfg.min_speedup)
