@@ -168,6 +168,17 @@ def grid_runs(entries: list) -> dict[tuple, list[tuple[float, float]]]:
     return {tuple(tuple(pair) for pair in k): [tuple(r) for r in v] for k, v in entries}
 
 
+def grid_baseline(framework: str, runs: dict[tuple, list[tuple[float, float]]]) -> tuple:
+    """The grid's configuration that is the benchmarks' baseline: batch 64 (``STUDY_HEAD``), every
+    other knob at the framework's default."""
+    defaults = {k.name: k.default for k in for_framework(framework).knobs}
+    defaults["batch_size"] = 64
+    found = [c for c in runs if all(defaults.get(k) == v for k, v in c)]
+    if len(found) != 1:
+        raise ValueError(f"expected one {framework} grid configuration at the defaults with batch 64, found {found}")
+    return found[0]
+
+
 def settled(table: dict[tuple, tuple[float, float]], top: dict[tuple, list[tuple[float, float]]],
             measured: dict[tuple, list[tuple[float, float]]]) -> dict[tuple, tuple[float, float]]:
     """``table`` with the top configurations' rates from their paired rounds: in each round every

@@ -5,8 +5,10 @@ The grid file is search_quality.py's (--grid-file): every configuration of a sma
 in several passes on this machine. A replayed trial of a configuration draws one of its passes at
 random (its rate and accuracy: the machine's own noise, as measured); a configuration whose passes
 all failed fails. Each strategy has the same trial budget; its pick is then re-measured as
-knobtune's confirmation does (the top candidates and the baseline, --rounds draws each, the
-median; a candidate must be 3 % faster than the baseline or the baseline is kept) and scored by
+knobtune's confirmation does (the top candidates and the baseline in --rounds rounds, each round
+one pass of the grid drawn at random, in which all of them take that pass's measurement, as a real
+round measures them all within a minute; the median paired ratio; a candidate must be 3 % faster
+than the baseline or the baseline is kept) and scored by
 the grid's median rate, as search_quality.py scores it. What this leaves out: pruning, the real
 study's duplicate handling and the accuracy guard's allowance for noise during the search.
 
@@ -29,7 +31,7 @@ import optuna
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 from knobtune.search.study.effects import Effects, EffectsSampler, with_failures  # noqa: E402
 
-from _bench import grid_runs, grid_table, reference_spread, settled  # noqa: E402
+from _bench import grid_baseline, grid_runs, grid_table, reference_spread, settled  # noqa: E402
 
 Config = tuple[tuple[str, Any], ...]
 Runs = dict[Config, list[tuple[float, float]]]
@@ -64,9 +66,9 @@ class Replay:
 def confirm(replay: Replay, measured: dict[Config, tuple[float, float]], rounds: int, candidates: int = 3,
             model: bool = False) -> Config:
     """knobtune's confirmation: the fastest feasible candidates (by their trials' rates, as knobtune
-    ranks them, or with ``model`` by the per-knob effects model's estimates) and the baseline,
-    drawn ``rounds`` times each; the candidate with the best median ratio to the baseline, if it is
-    3 % faster."""
+    ranks them, or with ``model`` by the per-knob effects model's estimates) and the baseline, in
+    ``rounds`` rounds (each one pass of the grid, for all of them); the candidate with the best
+    median ratio to the baseline, if it is 3 % faster."""
     rank = {c: r for c, (r, _) in measured.items()}
     seen = with_failures([(dict(c), math.log(r) if r > 0 and a >= replay.floor else None)
                           for c, (r, a) in measured.items()])
@@ -78,13 +80,31 @@ def confirm(replay: Replay, measured: dict[Config, tuple[float, float]], rounds:
     if not feasible:
         return replay.baseline
     ratios = {}
+    # a round is one moment of the machine for everyone in it: here one pass of the grid, drawn at
+    # random, in which every candidate and the baseline take that pass's measurement
+    moments = [replay.rng.randrange(min(len(replay.runs[c]) for c in [*feasible, replay.baseline]))
+               for _ in range(rounds)]
     for c in feasible:
-        pairs = [(replay.measure(c), replay.measure(replay.baseline)) for _ in range(rounds)]
+        pairs = [(replay.runs[c][p], replay.runs[replay.baseline][p]) for p in moments]
         if statistics.fmean(a for (_, a), _ in pairs) < replay.floor:
             continue
         ratios[c] = statistics.median(r / max(b, 1e-9) for (r, _), (b, _) in pairs)
     winner = max(ratios, key=ratios.get, default=None)
     return winner if winner is not None and ratios[winner] >= 1.03 else replay.baseline
+
+
+def framework_advice(path: Path, runs: Runs) -> dict[str, Any]:
+    """The seeds' advice (the framework space's ``advice``) on a CPU with the grid's cores and bf16,
+    for the knobs and values the grid has: the trial knobtune queues after the baseline."""
+    from knobtune.spaces import for_framework
+
+    data = json.loads(path.read_text())
+    ctx = {"hardware": {"usable_cores": data.get("measured", {}).get("cpus", 2), "cuda": False, "bf16": True}}
+    offered: dict[str, set] = {}
+    for config in runs:
+        for k, v in config:
+            offered.setdefault(k, set()).add(v)
+    return {k: v for k, v in for_framework(data["framework"]).advice(ctx).items() if v in offered.get(k, ())}
 
 
 Trial = tuple[Config, tuple[float, float]]  # a configuration and what its replayed trial measured
@@ -112,9 +132,10 @@ def sampler_search(make: Callable[[int], optuna.samplers.BaseSampler]) -> Strate
             if rate == 0 and accuracy == 0:  # the grid's record of a run that could not run: told as knobtune
                 trial.set_user_attr("outcome", "invalid")  # tells it (no accuracy: nothing was trained)
                 study.tell(trial, state=optuna.trial.TrialState.PRUNED)
-            else:
+            else:  # as knobtune tells a trial: its rate, and the accuracy guard as a constraint
                 trial.set_user_attr("val_accuracy", accuracy)
-                study.tell(trial, rate if accuracy >= replay.floor else 0.0)
+                trial.set_constraint("accuracy", round(replay.floor - accuracy, 6))
+                study.tell(trial, rate)
             asked.append((config, (rate, accuracy)))
         return asked
     return search
@@ -133,24 +154,25 @@ def main() -> int:
     parser.add_argument("--rounds", type=int, default=5)
     parser.add_argument("--candidates", type=int, default=3, help="confirmation's top_k (default 3)")
     parser.add_argument("--only", default="", help="the strategies whose name contains this (default all)")
-    parser.add_argument("--advice", default="{}", help="the advice trial's knob values, as JSON")
+    parser.add_argument("--advice", default=None,
+                        help="the advice trial's knob values, as JSON (default: the framework's advice on a CPU "
+                             "with the grid's cores, as knobtune queues it, on the grid's knobs)")
     parser.add_argument("--bonus", type=float, nargs="*", default=[],
                         help="also replay the effects sampler (with the accuracy floor) at these bonus values")
     args = parser.parse_args()
     optuna.logging.set_verbosity(optuna.logging.WARNING)
     warnings.filterwarnings("ignore", category=optuna.exceptions.ExperimentalWarning)
     framework, runs, top = load(args.grid)
-    some = dict(next(iter(runs)))
-    base = tuple(sorted({k: min(vs, key=lambda v: (isinstance(v, str), v)) for k, vs in
-                         {k: {dict(c)[k] for c in runs} for k in some}.items()}.items()))
-    advice = tuple(sorted({**dict(base), **json.loads(args.advice)}.items()))
+    base = grid_baseline(framework, runs)
+    advice = tuple(sorted({**dict(base), **(json.loads(args.advice) if args.advice is not None
+                                             else framework_advice(args.grid, runs))}.items()))
     strategies: dict[str, Strategy] = {
         "random": random_search,
         "tpe (knobtune's)": tpe,
         "tpe univariate": sampler_search(lambda s: optuna.samplers.TPESampler(seed=s, n_startup_trials=3)),
         "gp": sampler_search(lambda s: optuna.samplers.GPSampler(seed=s, n_startup_trials=3)),
-        "effects (knobtune's)": sampler_search(lambda s: EffectsSampler(seed=s)),
-        "effects + accuracy": sampler_search(lambda s: EffectsSampler(seed=s, floor=lambda _: floor)),
+        "effects (knobtune's)": sampler_search(lambda s: EffectsSampler(seed=s, floor=lambda _: floor)),
+        "effects, no floor": sampler_search(lambda s: EffectsSampler(seed=s)),
         **{f"effects+acc bonus {b}": sampler_search(
             lambda s, b=b: EffectsSampler(seed=s, bonus=b, floor=lambda _: floor)) for b in args.bonus},
     }

@@ -23,15 +23,9 @@ import statistics
 import sys
 from pathlib import Path
 
-from _bench import grid_runs
+from _bench import grid_baseline, grid_runs
 
 from knobtune.search.study.confirm import _close_calls
-
-
-def _is_baseline(config: tuple) -> bool:
-    """The benchmarks' baseline: batch 64, every other searched knob at its first (off) value."""
-    values = dict(config)
-    return values["batch_size"] == 64 and all(v in (0, "off", 1, False) for k, v in values.items() if k != "batch_size")
 
 
 def main() -> int:
@@ -46,7 +40,7 @@ def main() -> int:
     for path in args.grids:
         data = json.loads(path.read_text())
         runs, top = grid_runs(data["runs"]), grid_runs(data.get("top", []))
-        base = next(k for k in runs if _is_baseline(k))
+        base = grid_baseline(data["framework"], runs)
         base_accs = [a for _, a in runs[base]]
         grid_floor = statistics.fmean(base_accs) - args.max_drop
         print(f"{path} ({data['framework']}, measured {data.get('measured', {}).get('date', '?')}): baseline "

@@ -111,12 +111,14 @@ class Effects:
         return self.mean + knob_part + self.terms.get(config_key(params), 0.0)
 
 
-def _log_objective(trial: FrozenTrial, minimize: bool) -> float | None:
+def _log_objective(trial: FrozenTrial, minimize: bool, inaccurate: bool = False) -> float | None:
     """A feasible trial's log objective (negated when smaller is better); None when it failed, broke
-    a constraint or was stopped early."""
+    a constraint (with ``inaccurate``, one that broke only the accuracy guard counts: its speed
+    was measured) or was stopped early."""
     if trial.state != TrialState.COMPLETE or trial.values is None or len(trial.values) != 1:
         return None
-    if any(c > 0 for c in trial.constraints.values()) or not trial.values[0] or trial.values[0] <= 0:
+    broken = {name for name, c in trial.constraints.items() if c > 0} - ({"accuracy"} if inaccurate else set())
+    if broken or not trial.values[0] or trial.values[0] <= 0:
         return None
     value = math.log(trial.values[0])
     return -value if minimize else value
@@ -129,13 +131,16 @@ def accuracies(trials: Sequence[FrozenTrial]) -> list[tuple[Params, float]]:
             and isinstance(t.user_attrs.get("val_accuracy"), (int, float))]
 
 
-def observations(trials: Sequence[FrozenTrial], minimize: bool = False) -> list[tuple[Params, float]]:
+def observations(trials: Sequence[FrozenTrial], minimize: bool = False,
+                 inaccurate: bool = False) -> list[tuple[Params, float]]:
     """Every finished trial that measured something (COMPLETE or PRUNED; a FAIL is a skipped
     duplicate or an interrupted run, which measured nothing; an invalid one could not run), with
     its log objective; a failed, infeasible or pruned one gets ``FAILED_FACTOR`` x the worst
-    feasible objective measured."""
+    feasible objective measured. With ``inaccurate`` (the caller keeps proposals above the
+    accuracy floor by a model of its own), a trial that broke only the accuracy guard counts with
+    the objective it measured."""
     finished = [t for t in trials if t.state in (TrialState.COMPLETE, TrialState.PRUNED) and not _invalid(t)]
-    return with_failures([(dict(t.params), _log_objective(t, minimize)) for t in finished])
+    return with_failures([(dict(t.params), _log_objective(t, minimize, inaccurate)) for t in finished])
 
 
 def _invalid(trial: FrozenTrial) -> bool:
@@ -230,7 +235,13 @@ class EffectsSampler(optuna.samplers.BaseSampler):
         """Every known knob's value for this trial, or None while the study is starting."""
         trials = study.get_trials(deepcopy=False)
         minimize = study.direction == optuna.study.StudyDirection.MINIMIZE
-        seen = observations(trials, minimize)
+        floor = self._floor(trials) if self._floor is not None else None
+        known = accuracies(trials)
+        accuracy = Effects.fit(known, ACCURACY_PENALTY) if floor is not None and len(known) >= self._startup else None
+        # With the accuracy model to keep proposals above the floor, a trial that broke only the
+        # accuracy guard still says how fast its values are: counted as a failure, a fast batch 512
+        # under the floor taught the rate model that the workers and threads it ran with were slow.
+        seen = observations(trials, minimize, inaccurate=accuracy is not None)
         if len(seen) < self._startup:
             return None
         choices: dict[str, list[Any]] = {}
@@ -285,10 +296,6 @@ class EffectsSampler(optuna.samplers.BaseSampler):
 
         def score(params: Params) -> float:
             return sum(value[(k, _key(v))] for k, v in params.items()) - clash(params)
-
-        floor = self._floor(trials) if self._floor is not None else None
-        known = accuracies(trials)
-        accuracy = Effects.fit(known, ACCURACY_PENALTY) if floor is not None and len(known) >= self._startup else None
 
         def allowed(params: Params) -> bool:
             return accuracy is None or accuracy.estimate(params) >= floor
