@@ -118,10 +118,18 @@ def random_search(replay: Replay, budget: int, first: list[Config], seed: int) -
     return [(c, replay.measure(c)) for c in [first[0]] + [rng.choice(configs) for _ in range(budget - 1)]]
 
 
-def sampler_search(make: Callable[[int], optuna.samplers.BaseSampler]) -> Strategy:
-    """Another Optuna sampler in TPE's place (the same queue: the baseline and the advice first)."""
+def sampler_search(make: Callable[[int], optuna.samplers.BaseSampler] | None,
+                   knows_invalid: Callable[[int, Callable[[dict], bool]], optuna.samplers.BaseSampler] | None = None
+                   ) -> Strategy:
+    """Another Optuna sampler in TPE's place (the same queue: the baseline and the advice first).
+    ``knows_invalid`` makes the sampler with a predicate of what cannot run, as knobtune hands the
+    effects sampler its ``known_invalid``: here, the configurations whose every pass could not run."""
     def search(replay: Replay, budget: int, first: list[Config], seed: int) -> list[Trial]:
-        study = optuna.create_study(direction="maximize", sampler=make(seed))
+        def invalid(params: dict) -> bool:
+            return all(run == (0.0, 0.0) for run in replay.runs[tuple(sorted(params.items()))])
+
+        sampler = knows_invalid(seed, invalid) if knows_invalid is not None else make(seed)
+        study = optuna.create_study(direction="maximize", sampler=sampler)
         for config in first:
             study.enqueue_trial(dict(config))
         asked = []
@@ -171,7 +179,9 @@ def main() -> int:
         "tpe (knobtune's)": tpe,
         "tpe univariate": sampler_search(lambda s: optuna.samplers.TPESampler(seed=s, n_startup_trials=3)),
         "gp": sampler_search(lambda s: optuna.samplers.GPSampler(seed=s, n_startup_trials=3)),
-        "effects (knobtune's)": sampler_search(lambda s: EffectsSampler(seed=s, floor=lambda _: floor)),
+        "effects (knobtune's)": sampler_search(None, lambda s, invalid: EffectsSampler(
+            seed=s, floor=lambda _: floor, invalid=invalid)),
+        "effects, invalid tried": sampler_search(lambda s: EffectsSampler(seed=s, floor=lambda _: floor)),
         "effects, no floor": sampler_search(lambda s: EffectsSampler(seed=s)),
         **{f"effects+acc bonus {b}": sampler_search(
             lambda s, b=b: EffectsSampler(seed=s, bonus=b, floor=lambda _: floor)) for b in args.bonus},

@@ -9,10 +9,12 @@ effect of each of its values, which is what lets a few trials in a space of hund
 best: TPE learns the same from many more trials.
 
 - ``Effects``: the fit; ``estimate`` a configuration's log objective (measured or not).
-- ``observations``: a study's finished trials as (params, log objective); a trial that failed,
-  broke the accuracy guard or was stopped early counts as half as good as the worst measured; an
-  invalid one (a combination that cannot run here) not at all: the sampler avoids the pairs of
-  values it blames for it instead.
+- ``observations``: a study's finished trials as (params, log objective); a trial that failed
+  or was stopped early counts as half as good as the worst measured, and so does one that broke
+  the accuracy guard unless the sampler has its accuracy model (then its measured rate counts,
+  and that model keeps proposals above the floor); an invalid one (a combination that cannot run
+  here) not at all: the sampler avoids the pairs of values it blames for it instead, and never
+  proposes what the study knows cannot run (``invalid``).
 - ``EffectsSampler``: each value is worth its effect plus a bonus for values tried least
   (bonus / sqrt(1 + trials with that value)). In a space small enough to enumerate, each trial
   takes every knob at its most valuable value; when that configuration has been measured, or is
@@ -184,12 +186,16 @@ class EffectsSampler(optuna.samplers.BaseSampler):
     are drawn at random; ``tpe`` samples multi-objective studies. ``floor`` gives the accuracy the
     final verdict will ask for (None while unknown): a second model, of the knobs' effects on
     accuracy, then steers proposals away from configurations it expects under it (a large batch
-    that passes the search's allowance for noise but not the verdict)."""
+    that passes the search's allowance for noise but not the verdict). ``invalid`` tells a
+    configuration the study knows cannot run here (a burst too short for its batch and steps per
+    call): it is not proposed while a runnable one is left."""
 
     def __init__(self, seed: int | None = None, n_startup_trials: int = 2, bonus: float = 0.5,
                  tpe: optuna.samplers.TPESampler | None = None,
-                 floor: Callable[[Sequence[FrozenTrial]], float | None] | None = None) -> None:
+                 floor: Callable[[Sequence[FrozenTrial]], float | None] | None = None,
+                 invalid: Callable[[Params], bool] | None = None) -> None:
         self._floor = floor
+        self._invalid = invalid
         self._rng = random.Random(seed)
         self._random = optuna.samplers.RandomSampler(seed=seed)
         self._tpe = tpe or optuna.samplers.TPESampler(seed=seed, multivariate=True, group=True)
@@ -231,6 +237,17 @@ class EffectsSampler(optuna.samplers.BaseSampler):
         if len(study.directions) > 1:
             self._tpe.after_trial(study, trial, state, values)
 
+    def _random_unmeasured(self, choices: dict[str, list[Any]], measured: Callable[[Params], bool],
+                           tries: int = 200) -> Params | None:
+        """A configuration drawn at random, not ``measured`` and not refused by ``invalid`` (None:
+        none found)."""
+        assert self._invalid is not None
+        for _ in range(tries):
+            params = {k: self._rng.choice(vs) for k, vs in choices.items()}
+            if not measured(params) and not self._invalid(params):
+                return params
+        return None
+
     def _plan(self, study: optuna.Study, trial: FrozenTrial) -> Params | None:
         """Every known knob's value for this trial, or None while the study is starting."""
         trials = study.get_trials(deepcopy=False)
@@ -242,14 +259,11 @@ class EffectsSampler(optuna.samplers.BaseSampler):
         # accuracy guard still says how fast its values are: counted as a failure, a fast batch 512
         # under the floor taught the rate model that the workers and threads it ran with were slow.
         seen = observations(trials, minimize, inaccurate=accuracy is not None)
-        if len(seen) < self._startup:
-            return None
         choices: dict[str, list[Any]] = {}
         for t in trials:  # every knob's choices, from the distributions the study has suggested
             for name, dist in t.distributions.items():
                 if isinstance(dist, CategoricalDistribution) and name not in choices:
                     choices[name] = list(dist.choices)
-        model = Effects.fit(seen)
         # measured or being measured (this run's or another worker's): not proposed again. A trial
         # lacks the conditional knobs it did not suggest, so each is compared on its own knobs.
         taken = [dict(t.params) for t in trials if t.number != trial.number
@@ -264,6 +278,10 @@ class EffectsSampler(optuna.samplers.BaseSampler):
 
         def measured(params: Params) -> bool:
             return any(tuple(_key(params.get(k)) for k in names) in values for names, values in by_knobs.items())
+
+        if len(seen) < self._startup:  # drawn at random, but neither measured nor known not to run
+            return self._random_unmeasured(choices, measured) if self._invalid is not None and choices else None
+        model = Effects.fit(seen)
 
         # A combination that could not run says nothing of its values' speed (the model leaves it
         # out), only that some of them do not go together. Most such clashes are of two values
@@ -313,17 +331,22 @@ class EffectsSampler(optuna.samplers.BaseSampler):
                                   key=lambda v, k=k: value[(k, _key(v))], default=ABSENT) for k, vs in choices.items()}
             moves = sorted(((value[(k, _key(v))] - value[(k, _key(incumbent[k]))], k, v)
                             for k, v in alternative.items() if v is not ABSENT), key=lambda m: -m[0])
-            size = radius(_in_order(trials, seen), self._startup, len(choices))
+            # (a trial under the accuracy floor is no new best, however fast it ran)
+            size = radius(_in_order(trials, observations(trials, minimize)), self._startup, len(choices))
             first_choice = {**incumbent, **{k: v for g, k, v in moves[:size] if g > 0}}
             near = [{**incumbent, **{k: v for _, k, v in chosen}} for n in range(2, size + 1)
                     for chosen in itertools.combinations(moves[:LOCAL_MOVES], n)]
             near += [{**incumbent, k: v} for k, vs in choices.items() for v in vs if _key(v) != _key(incumbent[k])]
-        if not measured(first_choice) and allowed(first_choice) and not clash(first_choice):
+        def runnable(params: Params) -> bool:
+            return self._invalid is None or not self._invalid(params)
+
+        if not measured(first_choice) and allowed(first_choice) and not clash(first_choice) and runnable(first_choice):
             return first_choice
-        fresh = [p for p in [first_choice, *near] if not measured(p)]
+        fresh = sorted((p for p in [first_choice, *near] if not measured(p)), key=lambda p: (allowed(p), score(p)),
+                       reverse=True)
         if not fresh:  # all measured: the queue's duplicate rule explores from here
             return first_choice
-        return max(fresh, key=lambda p: (allowed(p), score(p)))
+        return next((p for p in fresh if runnable(p)), fresh[0])
 
 
 __all__ = ["ABSENT", "Effects", "EffectsSampler", "accuracies", "config_key", "observations", "radius",

@@ -22,6 +22,8 @@ from knobtune.search.storage.record import KnobEntry, TrialRecord
 from knobtune.search.story import results
 from knobtune.search.study.definition import Definition
 from knobtune.spaces.knobs import Context, Offer, Resolved, Space
+from knobtune.trainers.common.errors import InvalidKnobs
+from knobtune.trainers.common.protocol import make_schedule
 from knobtune.trainers.common.wire import Burst, Measured, Request
 
 
@@ -187,6 +189,23 @@ def suggest(plan: Plan, trial: optuna.Trial) -> dict[str, Resolved]:
     return plan.space.resolve(plan.space.suggest(trial, plan.offer), plan.offer, plan.ctx)
 
 
+def known_invalid(plan: Plan, values: dict[str, Any]) -> str | None:
+    """Why a combination of knob values cannot train here, known before any child runs: the
+    space's own rule (``Space.invalid``) and, for a workload knobtune builds the loader of (built
+    in, or a ``module:factory``) in one process, a burst too short for its batch size and steps per
+    call (the child's schedule would refuse it; a script's own batch, or a rank's, is only known
+    inside it)."""
+    problem = plan.space.invalid(values, plan.ctx)
+    if problem or plan.definition.study.script or plan.nproc != 1 or not values.get("batch_size"):
+        return problem
+    try:
+        make_schedule(plan.request(values).burst, int(values["batch_size"]), int(values.get("accumulation_steps") or 1),
+                      int(values.get("steps_per_execution") or 1))
+    except InvalidKnobs as exc:
+        return str(exc)
+    return None
+
+
 def measure(plan: Plan, resolved: dict[str, Resolved], is_baseline: bool,
             tick: Callable[[float], None] | None = None,
             watch: Callable[[list[dict[str, Any]]], str | None] | None = None, seed_offset: int = 0,
@@ -196,7 +215,7 @@ def measure(plan: Plan, resolved: dict[str, Resolved], is_baseline: bool,
     ``keep``: a directory for the child's output and request (the trial's artifacts). The child
     runs on ``plan.placement`` (a partition of the machine) when the run divides it."""
     values = {name: r.value for name, r in resolved.items()}
-    problem = plan.space.invalid(values, plan.ctx)
+    problem = known_invalid(plan, values)
     if problem:
         return measurement_from_child(ChildResult("invalid", failure=problem), resolved, is_baseline)
     request = plan.request(values, seed_offset)

@@ -30,7 +30,7 @@ from knobtune.search.study.confirm import confirm
 from knobtune.search.study.definition import Definition
 from knobtune.search.study.diagnose import diagnose_study, undiagnosable
 from knobtune.search.study.effects import EffectsSampler
-from knobtune.search.study.objective import Plan, verdict_floor
+from knobtune.search.study.objective import Plan, known_invalid, verdict_floor
 from knobtune.spaces import for_framework
 
 # The fingerprint keys that must match for a resumed study's numbers to compare.
@@ -38,9 +38,11 @@ HARDWARE_KEYS = ("cpu_model", "usable_cores", "gpus", "torch", "tensorflow", "cu
 
 
 def make_sampler(definition: Definition, total_trials: int, parallel: bool = False,
-                 seed: int | None = None) -> optuna.samplers.BaseSampler:
+                 seed: int | None = None, plan: Callable[[], Plan] | None = None) -> optuna.samplers.BaseSampler:
     """The study's sampler; ``parallel`` when trials run at once (here or on other workers);
-    ``seed`` overrides the study's (each worker of a shared study has its own)."""
+    ``seed`` overrides the study's (each worker of a shared study has its own); with ``plan``
+    (the study's current plan: a good baseline narrows it), the effects sampler does not propose
+    what ``known_invalid`` refuses."""
     seed = definition.study.seed if seed is None else seed
     if definition.study.sampler == "random":
         return optuna.samplers.RandomSampler(seed=seed)
@@ -52,7 +54,14 @@ def make_sampler(definition: Definition, total_trials: int, parallel: bool = Fal
         constant_liar=parallel,  # trials running at once: keep proposals apart
     )
     # (the effects model ranks one objective: a pareto study's proposals are TPE's)
-    return EffectsSampler(seed=seed, tpe=tpe, floor=_verdict_floor(definition)) \
+    def invalid(params: dict[str, Any]) -> bool:
+        assert plan is not None
+        now = plan()
+        resolved = now.space.resolve(params, now.offer, now.ctx)
+        return known_invalid(now, {name: r.value for name, r in resolved.items()}) is not None
+
+    return EffectsSampler(seed=seed, tpe=tpe, floor=_verdict_floor(definition),
+                          invalid=invalid if plan is not None else None) \
         if definition.study.sampler == "effects" else tpe
 
 
@@ -331,7 +340,9 @@ class _StudyRun:
             err.write(warning + "\n")
 
         seed = workers.sampler_seed(study_cfg.seed, self.worker) if shared else None
-        sampler = make_sampler(definition, target, len(slots) > 1 or shared is not None, seed)
+        searching: list[loop.Search] = []  # (the sampler asks the search's plan, which a good baseline narrows)
+        sampler = make_sampler(definition, target, len(slots) > 1 or shared is not None, seed,
+                               lambda: searching[0].plan if searching else plan)
         study, created = self._retrying(lambda: self._open(plan, fingerprint, sampler, slots))
         measured_base = results.baseline(study)
         if measured_base is not None and (base_record := TrialRecord.of(measured_base)).ok:  # resuming
@@ -358,6 +369,7 @@ class _StudyRun:
         search = loop.Search(study, plan, url, err, progress, artifact_store, slots,
                              random.Random(study_cfg.seed if seed is None else seed), shared, self.worker,
                              self.storage.engine, warm)
+        searching.append(search)
         try:
             search.run(target, timeout)
         except KeyboardInterrupt:
