@@ -337,6 +337,7 @@ class EffectsSampler(optuna.samplers.BaseSampler):
             near = [{**incumbent, **{k: v for _, k, v in chosen}} for n in range(2, size + 1)
                     for chosen in itertools.combinations(moves[:LOCAL_MOVES], n)]
             near += [{**incumbent, k: v} for k, vs in choices.items() for v in vs if _key(v) != _key(incumbent[k])]
+
         def runnable(params: Params) -> bool:
             return self._invalid is None or not self._invalid(params)
 
