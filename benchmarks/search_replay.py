@@ -118,18 +118,15 @@ def random_search(replay: Replay, budget: int, first: list[Config], seed: int) -
     return [(c, replay.measure(c)) for c in [first[0]] + [rng.choice(configs) for _ in range(budget - 1)]]
 
 
-def sampler_search(make: Callable[[int], optuna.samplers.BaseSampler] | None,
-                   knows_invalid: Callable[[int, Callable[[dict], bool]], optuna.samplers.BaseSampler] | None = None
-                   ) -> Strategy:
+def sampler_search(make: Callable[[int, Callable[[dict], bool]], optuna.samplers.BaseSampler]) -> Strategy:
     """Another Optuna sampler in TPE's place (the same queue: the baseline and the advice first).
-    ``knows_invalid`` makes the sampler with a predicate of what cannot run, as knobtune hands the
-    effects sampler its ``known_invalid``: here, the configurations whose every pass could not run."""
+    ``make(seed, invalid)``: ``invalid`` tells what cannot run, as knobtune hands the effects
+    sampler its ``known_invalid`` (here, the configurations whose every pass could not run)."""
     def search(replay: Replay, budget: int, first: list[Config], seed: int) -> list[Trial]:
         def invalid(params: dict) -> bool:
             return all(run == (0.0, 0.0) for run in replay.runs[tuple(sorted(params.items()))])
 
-        sampler = knows_invalid(seed, invalid) if knows_invalid is not None else make(seed)
-        study = optuna.create_study(direction="maximize", sampler=sampler)
+        study = optuna.create_study(direction="maximize", sampler=make(seed, invalid))
         for config in first:
             study.enqueue_trial(dict(config))
         asked = []
@@ -150,7 +147,7 @@ def sampler_search(make: Callable[[int], optuna.samplers.BaseSampler] | None,
 
 
 # knobtune's TPE (search/study/study.py: make_sampler) for a budget of 9 to 11 trials, one study at a time
-tpe = sampler_search(lambda seed: optuna.samplers.TPESampler(seed=seed, multivariate=True, group=True,
+tpe = sampler_search(lambda seed, _: optuna.samplers.TPESampler(seed=seed, multivariate=True, group=True,
                                                              n_startup_trials=3))
 
 
@@ -177,14 +174,14 @@ def main() -> int:
     strategies: dict[str, Strategy] = {
         "random": random_search,
         "tpe (knobtune's)": tpe,
-        "tpe univariate": sampler_search(lambda s: optuna.samplers.TPESampler(seed=s, n_startup_trials=3)),
-        "gp": sampler_search(lambda s: optuna.samplers.GPSampler(seed=s, n_startup_trials=3)),
-        "effects (knobtune's)": sampler_search(None, lambda s, invalid: EffectsSampler(
+        "tpe univariate": sampler_search(lambda s, _: optuna.samplers.TPESampler(seed=s, n_startup_trials=3)),
+        "gp": sampler_search(lambda s, _: optuna.samplers.GPSampler(seed=s, n_startup_trials=3)),
+        "effects (knobtune's)": sampler_search(lambda s, invalid: EffectsSampler(
             seed=s, floor=lambda _: floor, invalid=invalid)),
-        "effects, invalid tried": sampler_search(lambda s: EffectsSampler(seed=s, floor=lambda _: floor)),
-        "effects, no floor": sampler_search(lambda s: EffectsSampler(seed=s)),
+        "effects, invalid tried": sampler_search(lambda s, _: EffectsSampler(seed=s, floor=lambda _: floor)),
+        "effects, no floor": sampler_search(lambda s, _: EffectsSampler(seed=s)),
         **{f"effects+acc bonus {b}": sampler_search(
-            lambda s, b=b: EffectsSampler(seed=s, bonus=b, floor=lambda _: floor)) for b in args.bonus},
+            lambda s, _, b=b: EffectsSampler(seed=s, bonus=b, floor=lambda _: floor)) for b in args.bonus},
     }
     floor = Replay(runs, base, random.Random(0), top).floor
     close = {k for k, (_, high, _) in reference_spread(runs, top, floor).items() if high >= 0.95}
