@@ -78,9 +78,13 @@ def _write_grid(path: Path, framework: str, space: str, runs: dict, top: dict) -
     import datetime
     import platform
 
+    from knobtune.trainers.common import hostinfo
+
+    # (bf16_native: the seeds' advice asks for bf16 only on a CPU that does it in hardware; the replay reads it)
     path.write_text(json.dumps({"framework": framework, "space": space,
                                 "measured": {"date": datetime.date.today().isoformat(), "cpus": os.cpu_count(),
-                                             "machine": platform.machine()},
+                                             "machine": platform.machine(), "cpu_model": hostinfo.host()["cpu_model"],
+                                             "bf16_native": hostinfo.cpu_bf16_native()},
                                 "runs": [[list(map(list, k)), v] for k, v in runs.items()],
                                 "top": [[list(map(list, k)), v] for k, v in top.items()]}))
 

@@ -9,8 +9,12 @@ knobtune's confirmation does (the top candidates and the baseline in --rounds ro
 one pass of the grid drawn at random, in which all of them take that pass's measurement, as a real
 round measures them all within a minute; the median paired ratio; a candidate must be 3 % faster
 than the baseline or the baseline is kept) and scored by
-the grid's median rate, as search_quality.py scores it. What this leaves out: pruning, the real
-study's duplicate handling and the accuracy guard's allowance for noise during the search.
+the grid's median rate, as search_quality.py scores it. The accuracy floors are knobtune's, from
+its baseline's two seeds (two passes drawn for each replayed study): the search's guard, with
+their spread as its allowance for noise, and the verdict's, without it; confirmation's candidates
+are those the search's guard passed, the ones expected at the verdict's floor first (by their own
+trial's accuracy, or by the accuracy model pooled over every trial: ``--only`` picks rows). What
+this leaves out: pruning and the real study's duplicate handling.
 
     .venv/bin/python benchmarks/search_replay.py GRID.json [--trials 10] [--seeds 200]
 """
@@ -29,7 +33,8 @@ from typing import Any, Callable
 import optuna
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
-from knobtune.search.study.effects import Effects, EffectsSampler, with_failures  # noqa: E402
+from knobtune.search.study.effects import ACCURACY_PENALTY, Effects, EffectsSampler, with_failures  # noqa: E402
+from knobtune.search.study.objective import accuracy_floor, final_floor  # noqa: E402
 
 from _bench import grid_baseline, grid_runs, grid_table, reference_spread, settled  # noqa: E402
 
@@ -37,6 +42,7 @@ Config = tuple[tuple[str, Any], ...]
 Runs = dict[Config, list[tuple[float, float]]]
 
 MAX_DROP = 0.02  # [guard] max_accuracy_drop's default
+BASELINE_RUNS = 2  # [guard] baseline_runs' default
 
 
 def load(path: Path) -> tuple[str, Runs, Runs]:
@@ -51,7 +57,10 @@ class Replay:
     def __init__(self, runs: Runs, baseline: Config, rng: random.Random, top: Runs | None = None) -> None:
         self.runs, self.baseline, self.rng = runs, baseline, rng
         self.knobs = {k: sorted({dict(c)[k] for c in runs}, key=str) for k, _ in next(iter(runs))}
-        self.floor = statistics.fmean(a for _, a in runs[baseline]) - MAX_DROP
+        self.floor = statistics.fmean(a for _, a in runs[baseline]) - MAX_DROP  # the reference's
+        # knobtune's own floors, from its baseline's seeds (two passes): the search's and the verdict's
+        seeds = [a for _, a in rng.sample(runs[baseline], min(BASELINE_RUNS, len(runs[baseline])))]
+        self.search_floor, self.final_floor = accuracy_floor(seeds, MAX_DROP), final_floor(seeds, MAX_DROP)
         reference = settled(grid_table(runs), top or {}, runs)  # the paired rounds of the top, where measured
         self.table = {c: rate for c, (rate, accuracy) in reference.items() if accuracy >= self.floor}
         self.best = max(self.table.values())
@@ -64,19 +73,27 @@ class Replay:
 
 
 def confirm(replay: Replay, measured: dict[Config, tuple[float, float]], rounds: int, candidates: int = 3,
-            model: bool = False) -> Config:
-    """knobtune's confirmation: the fastest feasible candidates (by their trials' rates, as knobtune
-    ranks them, or with ``model`` by the per-knob effects model's estimates) and the baseline, in
-    ``rounds`` rounds (each one pass of the grid, for all of them); the candidate with the best
-    median ratio to the baseline, if it is 3 % faster."""
+            model: bool = False, pooled: bool = False) -> Config:
+    """knobtune's confirmation: the fastest candidates the search's guard passed (by their trials'
+    rates, as knobtune ranks them, or with ``model`` by the per-knob effects model's estimates),
+    those expected at the verdict's floor first (their trial's accuracy, or with ``pooled`` the
+    accuracy model's estimate, as confirm.candidates does), and the baseline, in ``rounds`` rounds
+    (each one pass of the grid, for all of them); the candidate with the best median ratio to the
+    baseline, if it is 3 % faster and its mean accuracy over the rounds met the verdict's floor."""
     rank = {c: r for c, (r, _) in measured.items()}
-    seen = with_failures([(dict(c), math.log(r) if r > 0 and a >= replay.floor else None)
+    seen = with_failures([(dict(c), math.log(r) if r > 0 and a >= replay.search_floor else None)
                           for c, (r, a) in measured.items()])
     if model and seen:
         fitted = Effects.fit(seen)
         rank = {c: fitted.estimate(dict(c)) for c in measured}
-    feasible = sorted((c for c, (r, a) in measured.items() if r > 0 and a >= replay.floor and c != replay.baseline),
-                      key=lambda c: -rank[c])[:candidates]
+    expected = {c: a for c, (_, a) in measured.items()}
+    known = [(dict(c), a) for c, (r, a) in measured.items() if r > 0]
+    if pooled and len(known) >= 2:
+        accuracy = Effects.fit(known, ACCURACY_PENALTY)
+        expected = {c: accuracy.estimate(dict(c)) for c in measured}
+    feasible = sorted((c for c, (r, a) in measured.items() if r > 0 and a >= replay.search_floor
+                       and c != replay.baseline), key=lambda c: -rank[c])
+    feasible = sorted(feasible, key=lambda c: expected[c] < replay.final_floor)[:candidates]
     if not feasible:
         return replay.baseline
     ratios = {}
@@ -86,7 +103,7 @@ def confirm(replay: Replay, measured: dict[Config, tuple[float, float]], rounds:
                for _ in range(rounds)]
     for c in feasible:
         pairs = [(replay.runs[c][p], replay.runs[replay.baseline][p]) for p in moments]
-        if statistics.fmean(a for (_, a), _ in pairs) < replay.floor:
+        if statistics.fmean(a for (_, a), _ in pairs) < replay.final_floor:
             continue
         ratios[c] = statistics.median(r / max(b, 1e-9) for (r, _), (b, _) in pairs)
     winner = max(ratios, key=ratios.get, default=None)
@@ -94,17 +111,21 @@ def confirm(replay: Replay, measured: dict[Config, tuple[float, float]], rounds:
 
 
 def framework_advice(path: Path, runs: Runs) -> dict[str, Any]:
-    """The seeds' advice (the framework space's ``advice``) on a CPU with the grid's cores and bf16,
-    for the knobs and values the grid has: the trial knobtune queues after the baseline."""
+    """The seeds' advice (the framework space's ``advice``) on a CPU with the grid's cores and bf16
+    (done in hardware or not: as the grid file records it, else as on this machine), for the knobs
+    and values the grid has: the trial knobtune queues after the baseline."""
     from knobtune.spaces import for_framework
+    from knobtune.trainers.common import hostinfo
 
-    data = json.loads(path.read_text())
-    ctx = {"hardware": {"usable_cores": data.get("measured", {}).get("cpus", 2), "cuda": False, "bf16": True}}
+    measured = json.loads(path.read_text()).get("measured", {})
+    ctx = {"hardware": {"usable_cores": measured.get("cpus", 2), "cuda": False, "bf16": True,
+                        "bf16_native": measured.get("bf16_native", hostinfo.cpu_bf16_native())}}
     offered: dict[str, set] = {}
     for config in runs:
         for k, v in config:
             offered.setdefault(k, set()).add(v)
-    return {k: v for k, v in for_framework(data["framework"]).advice(ctx).items() if v in offered.get(k, ())}
+    framework = json.loads(path.read_text())["framework"]
+    return {k: v for k, v in for_framework(framework).advice(ctx).items() if v in offered.get(k, ())}
 
 
 Trial = tuple[Config, tuple[float, float]]  # a configuration and what its replayed trial measured
@@ -118,15 +139,16 @@ def random_search(replay: Replay, budget: int, first: list[Config], seed: int) -
     return [(c, replay.measure(c)) for c in [first[0]] + [rng.choice(configs) for _ in range(budget - 1)]]
 
 
-def sampler_search(make: Callable[[int, Callable[[dict], bool]], optuna.samplers.BaseSampler]) -> Strategy:
+def sampler_search(make: Callable[[int, Callable[[dict], bool], float], optuna.samplers.BaseSampler]) -> Strategy:
     """Another Optuna sampler in TPE's place (the same queue: the baseline and the advice first).
-    ``make(seed, invalid)``: ``invalid`` tells what cannot run, as knobtune hands the effects
-    sampler its ``known_invalid`` (here, the configurations whose every pass could not run)."""
+    ``make(seed, invalid, floor)``: ``invalid`` tells what cannot run, as knobtune hands the effects
+    sampler its ``known_invalid`` (here, the configurations whose every pass could not run);
+    ``floor`` is the verdict's accuracy floor, as knobtune hands it the sampler."""
     def search(replay: Replay, budget: int, first: list[Config], seed: int) -> list[Trial]:
         def invalid(params: dict) -> bool:
             return all(run == (0.0, 0.0) for run in replay.runs[tuple(sorted(params.items()))])
 
-        study = optuna.create_study(direction="maximize", sampler=make(seed, invalid))
+        study = optuna.create_study(direction="maximize", sampler=make(seed, invalid, replay.final_floor))
         for config in first:
             study.enqueue_trial(dict(config))
         asked = []
@@ -139,7 +161,7 @@ def sampler_search(make: Callable[[int, Callable[[dict], bool]], optuna.samplers
                 study.tell(trial, state=optuna.trial.TrialState.PRUNED)
             else:  # as knobtune tells a trial: its rate, and the accuracy guard as a constraint
                 trial.set_user_attr("val_accuracy", accuracy)
-                trial.set_constraint("accuracy", round(replay.floor - accuracy, 6))
+                trial.set_constraint("accuracy", round(replay.search_floor - accuracy, 6))
                 study.tell(trial, rate)
             asked.append((config, (rate, accuracy)))
         return asked
@@ -147,7 +169,7 @@ def sampler_search(make: Callable[[int, Callable[[dict], bool]], optuna.samplers
 
 
 # knobtune's TPE (search/study/study.py: make_sampler) for a budget of 9 to 11 trials, one study at a time
-tpe = sampler_search(lambda seed, _: optuna.samplers.TPESampler(seed=seed, multivariate=True, group=True,
+tpe = sampler_search(lambda seed, *_: optuna.samplers.TPESampler(seed=seed, multivariate=True, group=True,
                                                              n_startup_trials=3))
 
 
@@ -174,31 +196,40 @@ def main() -> int:
     strategies: dict[str, Strategy] = {
         "random": random_search,
         "tpe (knobtune's)": tpe,
-        "tpe univariate": sampler_search(lambda s, _: optuna.samplers.TPESampler(seed=s, n_startup_trials=3)),
-        "gp": sampler_search(lambda s, _: optuna.samplers.GPSampler(seed=s, n_startup_trials=3)),
-        "effects (knobtune's)": sampler_search(lambda s, invalid: EffectsSampler(
+        "tpe univariate": sampler_search(lambda s, *_: optuna.samplers.TPESampler(seed=s, n_startup_trials=3)),
+        "gp": sampler_search(lambda s, *_: optuna.samplers.GPSampler(seed=s, n_startup_trials=3)),
+        "effects (knobtune's)": sampler_search(lambda s, invalid, floor: EffectsSampler(
             seed=s, floor=lambda _: floor, invalid=invalid)),
-        "effects, invalid tried": sampler_search(lambda s, _: EffectsSampler(seed=s, floor=lambda _: floor)),
-        "effects, no floor": sampler_search(lambda s, _: EffectsSampler(seed=s)),
+        "effects, invalid tried": sampler_search(lambda s, _, floor: EffectsSampler(seed=s, floor=lambda _: floor)),
+        "effects, no floor": sampler_search(lambda s, *_: EffectsSampler(seed=s)),
         **{f"effects+acc bonus {b}": sampler_search(
-            lambda s, _, b=b: EffectsSampler(seed=s, bonus=b, floor=lambda _: floor)) for b in args.bonus},
+            lambda s, _, floor, b=b: EffectsSampler(seed=s, bonus=b, floor=lambda _: floor)) for b in args.bonus},
     }
     floor = Replay(runs, base, random.Random(0), top).floor
     close = {k for k, (_, high, _) in reference_spread(runs, top, floor).items() if high >= 0.95}
     print(f"{framework}: {len(runs)} configurations; baseline {dict(base)}; advice {dict(advice)}; "
           f"{len(close)} the grid cannot tell from its best (95th percentile of their ratio >= 0.95)")
     chosen = [(name, s) for name, s in strategies.items() if args.only in name]
-    for (name, strategy), model in [(item, m) for item in chosen for m in (False, True)]:
-        found, reach, told = [], [], []
+    # confirmation's variants, each on the same searches and the same rounds: candidates ranked by
+    # their trials' rates or by the effects model; expected at the verdict's floor by their own
+    # trial's accuracy or by the pooled accuracy model (knobtune's)
+    variants = {"rates, own accuracy": (False, False), "rates, pooled": (False, True),
+                "model, own accuracy": (True, False), "model, pooled": (True, True)}
+    for name, strategy in chosen:
+        found: dict[str, list[float]] = {v: [] for v in variants}
+        told: dict[str, list[bool]] = {v: [] for v in variants}
+        reach = []
         for seed in range(args.seeds):
             replay = Replay(runs, base, random.Random(seed), top)
             asked = strategy(replay, args.trials, [base] if name == "random" else [base, advice], seed)
             measured: dict[Config, tuple[float, float]] = {}
             for c, m in asked:  # (a configuration asked again keeps its first measurement, as a study skips it)
                 measured.setdefault(c, m)
-            pick = confirm(replay, measured, args.rounds, args.candidates, model=model)
-            found.append(replay.score(pick))
-            told.append(pick in close)
+            for variant, (model, pooled) in variants.items():
+                replay.rng = random.Random(1_000_003 * seed + 1)  # the same rounds for every variant
+                pick = confirm(replay, measured, args.rounds, args.candidates, model=model, pooled=pooled)
+                found[variant].append(replay.score(pick))
+                told[variant].append(pick in close)
             best, hit = 0.0, None
             for i, (c, _) in enumerate(asked, start=1):
                 best = max(best, replay.score(c))
@@ -206,11 +237,13 @@ def main() -> int:
                     hit = i
             reach.append(hit)
         hits = [h for h in reach if h is not None]
-        print(f"{name:21s} {'model' if model else 'rates'} picked / grid best: median {statistics.median(found):.2f}, "
-              f"seeds >= 0.95: {sum(f >= 0.95 for f in found) / len(found):.0%}, worst {min(found):.2f}, "
-              f"not told from the best: {sum(told) / len(told):.0%}; "
-              f"a trial within 95 %: {len(hits) / len(reach):.0%} of seeds, median trial "
+        print(f"{name}: a trial within 95 %: {len(hits) / len(reach):.0%} of seeds, median trial "
               f"{statistics.median(hits) if hits else float('nan'):.0f}")
+        for variant in variants:
+            picks = found[variant]
+            print(f"    confirmed ({variant:19s}) / grid best: median {statistics.median(picks):.2f}, "
+                  f"seeds >= 0.95: {sum(f >= 0.95 for f in picks) / len(picks):.0%}, worst {min(picks):.2f}, "
+                  f"not told from the best: {sum(told[variant]) / len(picks):.0%}")
     return 0
 
 

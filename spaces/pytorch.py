@@ -404,8 +404,10 @@ def advice(ctx: Context) -> dict[str, Any]:
         "persistent_workers": True,
         "prefetch_factor": 2,
         "pin_memory": cuda,
-        # AMP: bf16 where the device has it (no loss scaling needed), else fp16 with GradScaler on GPU
-        "amp": "bf16" if hw.get("bf16") else ("fp16" if cuda else "off"),
+        # AMP: bf16 where the device does it in hardware (no loss scaling needed), else fp16 with
+        # GradScaler on GPU; a CPU without bf16 instructions emulates it, slower than fp32. (A
+        # context without ``bf16_native``, an older study's, takes ``bf16`` for it.)
+        "amp": "bf16" if hw.get("bf16_native", hw.get("bf16")) else ("fp16" if cuda else "off"),
         "compile": "default",
         "channels_last": True,
         "cudnn_benchmark": True,

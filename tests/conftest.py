@@ -24,14 +24,25 @@ def _installed(module: str) -> bool:
     return importlib.util.find_spec(module) is not None
 
 
+CUDA_ANSWER = "KNOBTUNE_TESTS_TORCH_CUDA"  # the session's answer, inherited by pytest-xdist's workers
+
+
 def torch_cuda() -> bool:
     """Whether torch sees a CUDA device, asked in a child: this process imports no framework
-    (torch and tensorflow never share a process, the tests' own included)."""
-    if not _installed("torch"):
-        return False
-    probe = subprocess.run([sys.executable, "-c", "import torch; print(torch.cuda.is_available())"],
-                           capture_output=True, text=True, timeout=120)
-    return probe.stdout.strip() == "True"
+    (torch and tensorflow never share a process, the tests' own included). Asked once a session:
+    the answer is kept in the environment, which the workers started after it inherit."""
+    if CUDA_ANSWER not in os.environ:
+        answer = False
+        if _installed("torch"):
+            probe = subprocess.run([sys.executable, "-c", "import torch; print(torch.cuda.is_available())"],
+                                   capture_output=True, text=True, timeout=120)
+            answer = probe.stdout.strip() == "True"
+        os.environ[CUDA_ANSWER] = "1" if answer else "0"
+    return os.environ[CUDA_ANSWER] == "1"
+
+
+def pytest_configure(config: pytest.Config) -> None:
+    torch_cuda()  # (in the controller, before pytest-xdist starts its workers)
 
 
 HAVE_TENSORFLOW = _installed("tensorflow")

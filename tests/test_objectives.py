@@ -403,6 +403,29 @@ def test_confirmation_candidates_that_met_the_final_floor_come_first():
     assert [t.number for t in chosen] == [3, 4, 1]
 
 
+def test_a_candidate_is_expected_at_the_floor_by_every_trial_of_its_values_not_its_one_seed():
+    # the fastest, #1, measured 0.938 under the floor of 0.94 with one seed; every other trial of
+    # its values (batch 256, threads 0) measured 0.95 or more: by the accuracy model pooled over
+    # them it is expected at the floor, and confirmed first, not behind the slower ones
+    study = optuna.create_study(direction="maximize")
+    choices = {"batch_size": optuna.distributions.CategoricalDistribution([64, 128, 256]),
+               "threads": optuna.distributions.CategoricalDistribution([0, 1, 2])}
+    rows = [((64, 0), 100, 0.96), ((256, 0), 300, 0.938), ((256, 1), 280, 0.95), ((256, 2), 260, 0.952),
+            ((128, 0), 200, 0.955), ((128, 1), 190, 0.95)]
+    for number, ((batch, threads), rate, acc) in enumerate(rows):
+        study.add_trial(optuna.trial.create_trial(
+            params={"batch_size": batch, "threads": threads}, distributions=choices, value=rate,
+            user_attrs={"outcome": "ok", "val_accuracy": acc, "is_baseline": number == 0, "samples_per_second": rate}))
+    chosen, _ = confirm.candidates(study, 3, floor=0.94)
+    assert [t.number for t in chosen] == [1, 2, 3]
+    # with its values' other trials under the floor too, it is expected under it: the others go first
+    study.add_trial(optuna.trial.create_trial(
+        params={"batch_size": 256, "threads": 0}, distributions=choices, value=290,
+        user_attrs={"outcome": "ok", "val_accuracy": 0.93, "samples_per_second": 290}))
+    chosen, _ = confirm.candidates(study, 3, floor=0.94)
+    assert 1 not in [t.number for t in chosen[:2]]
+
+
 def test_a_burst_too_short_for_a_batch_is_known_before_a_child_and_not_proposed(tmp_path: Path):
     # 640 samples, 64 of warm-up, 3 windows: batch 256 and up leave 2 micro-batches for 3 windows,
     # which the child's schedule refuses; the engine knows it from the study file alone, and the

@@ -127,6 +127,25 @@ def test_advice_follows_the_seeds_on_cuda():
     assert SPACE.advice_params(SPACE.offer(old_gpu, {}, {}), old_gpu, {})["amp"] == "fp16"
 
 
+def test_on_a_cpu_the_advice_asks_for_bf16_only_where_it_is_done_in_hardware():
+    emulated = {"hardware": {**CPU["hardware"], "bf16_native": False}, "workload": CPU["workload"]}
+    native = {"hardware": {**CPU["hardware"], "bf16_native": True}, "workload": CPU["workload"]}
+    # bf16 stays offered either way (whether it is faster is measured); only the advice changes
+    assert SPACE.offer(emulated, {}, {}).choices["amp"] == ["off", "bf16"]
+    assert SPACE.advice_params(SPACE.offer(emulated, {}, {}), emulated, {})["amp"] == "off"
+    assert SPACE.advice_params(SPACE.offer(native, {}, {}), native, {})["amp"] == "bf16"
+
+
+def test_cpu_bf16_in_hardware_is_read_from_the_cpus_flags():
+    from knobtune.trainers.common.hostinfo import cpu_bf16_native
+
+    epyc_avx2 = "processor\t: 0\nmodel name\t: AMD EPYC\nflags\t\t: fpu sse2 avx avx2 fma\n"
+    sapphire_rapids = "processor\t: 0\nflags\t\t: avx2 avx512f avx512_bf16 amx_bf16 amx_tile\n"
+    graviton3 = "processor\t: 0\nFeatures\t: fp asimd sve bf16 i8mm\n"
+    assert not cpu_bf16_native(epyc_avx2) and not cpu_bf16_native("")
+    assert cpu_bf16_native(sapphire_rapids) and cpu_bf16_native(graviton3)
+
+
 def test_cudnn_flags_are_offered_only_for_models_with_convolutions():
     mlp = {"hardware": CUDA["hardware"], "workload": {"batch_size": 64, "conv": False}}
     offer = SPACE.offer(mlp, {}, {})

@@ -19,6 +19,31 @@ def _cpu_model() -> str:
     return platform.processor() or platform.machine()
 
 
+# x86's AVX-512 BF16 and AMX tiles, Arm's BF16 extension: bfloat16 arithmetic in hardware
+BF16_CPU_FLAGS = frozenset({"avx512_bf16", "amx_bf16", "bf16"})
+
+
+def cpu_flags(cpuinfo: str | None = None) -> set[str]:
+    """The CPU's feature flags (x86 ``flags``, Arm ``Features``) from /proc/cpuinfo; empty where
+    it cannot be read."""
+    if cpuinfo is None:
+        try:
+            cpuinfo = Path("/proc/cpuinfo").read_text()
+        except OSError:
+            return set()
+    for line in cpuinfo.splitlines():
+        name, _, value = line.partition(":")
+        if name.strip() in ("flags", "Features"):
+            return set(value.split())
+    return set()
+
+
+def cpu_bf16_native(cpuinfo: str | None = None) -> bool:
+    """Whether this CPU does bfloat16 arithmetic in hardware. Elsewhere a CPU's bf16 autocast
+    is emulated: on an AVX2 EPYC it trained at two thirds of fp32's speed."""
+    return bool(cpu_flags(cpuinfo) & BF16_CPU_FLAGS)
+
+
 def _cgroup_cpu_limit() -> float | None:
     """CPUs allowed by a cgroup v2 quota (``cpu.max``), or None when unlimited or unknown."""
     try:

@@ -37,8 +37,8 @@ def fingerprint() -> dict[str, Any]:
 
 
 def hardware(cuda: bool | None = None) -> dict[str, Any]:
-    """What spaces.pytorch decides on: device, bf16/fp16 support, usable cores, and what this
-    torch offers (the DataLoader's in_order)."""
+    """What spaces.pytorch decides on: device, bf16/fp16 support (and whether bf16 is done in
+    hardware), usable cores, and what this torch offers (the DataLoader's in_order)."""
     cuda = torch.cuda.is_available() if cuda is None else cuda
     if cuda:
         bf16 = bool(torch.cuda.is_bf16_supported(including_emulation=False))  # emulated bf16 is slow
@@ -51,6 +51,8 @@ def hardware(cuda: bool | None = None) -> dict[str, Any]:
         "device": "cuda" if cuda else "cpu",
         "cuda": cuda,
         "bf16": bf16,
+        # the advice asks for bf16 only where it is not emulated (the search still offers it)
+        "bf16_native": bf16 if cuda else hostinfo.cpu_bf16_native(),
         "fp16": cuda,
         "tf32": tf32,
         "usable_cores": hostinfo.usable_cores(),
