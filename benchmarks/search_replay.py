@@ -28,13 +28,16 @@ import statistics
 import sys
 import warnings
 from pathlib import Path
-from typing import Any, Callable
+from typing import Any, Callable, Sequence
 
 import optuna
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 from knobtune.search.study.effects import ACCURACY_PENALTY, Effects, EffectsSampler, with_failures  # noqa: E402
+from knobtune.search.study.confirm import hedge  # noqa: E402
 from knobtune.search.study.objective import accuracy_floor, final_floor  # noqa: E402
+
+from knobtune.spaces import for_framework  # noqa: E402
 
 from _bench import grid_baseline, grid_runs, grid_table, reference_spread, settled  # noqa: E402
 
@@ -58,22 +61,31 @@ class Replay:
         self.runs, self.baseline, self.rng = runs, baseline, rng
         self.knobs = {k: sorted({dict(c)[k] for c in runs}, key=str) for k, _ in next(iter(runs))}
         self.floor = statistics.fmean(a for _, a in runs[baseline]) - MAX_DROP  # the reference's
-        # knobtune's own floors, from its baseline's seeds (two passes): the search's and the verdict's
-        seeds = [a for _, a in rng.sample(runs[baseline], min(BASELINE_RUNS, len(runs[baseline])))]
+        # The study's seed: pass p of the grid ran every configuration with seed p, as a study runs
+        # every search trial with its own seed (and its baseline's second run with seed + 1), so a
+        # replayed trial's accuracy is pass p's: one study sees one seed's luck for all its trials.
+        passes = len(runs[baseline])
+        self.seed = rng.randrange(passes)
+        # knobtune's own floors, from its baseline's seeds: the search's and the verdict's
+        seeds = [runs[baseline][(self.seed + i) % passes][1] for i in range(min(BASELINE_RUNS, passes))]
         self.search_floor, self.final_floor = accuracy_floor(seeds, MAX_DROP), final_floor(seeds, MAX_DROP)
         reference = settled(grid_table(runs), top or {}, runs)  # the paired rounds of the top, where measured
         self.table = {c: rate for c, (rate, accuracy) in reference.items() if accuracy >= self.floor}
         self.best = max(self.table.values())
 
     def measure(self, config: Config) -> tuple[float, float]:
-        return self.rng.choice(self.runs[config])
+        """A search trial: its rate one of the configuration's passes at random (the machine's
+        noise), its accuracy the study's seed's (a pass that could not run, could not)."""
+        rate, _ = self.rng.choice(self.runs[config])
+        same_seed = self.runs[config][self.seed]
+        return (0.0, 0.0) if same_seed == (0.0, 0.0) or rate == 0 else (rate, same_seed[1])
 
     def score(self, config: Config) -> float:
         return self.table.get(config, 0.0) / self.best
 
 
 def confirm(replay: Replay, measured: dict[Config, tuple[float, float]], rounds: int, candidates: int = 3,
-            model: bool = False, pooled: bool = False) -> Config:
+            model: bool = False, pooled: bool = False, hedged: Sequence[str] = ()) -> Config:
     """knobtune's confirmation: the fastest candidates the search's guard passed (by their trials'
     rates, as knobtune ranks them, or with ``model`` by the per-knob effects model's estimates),
     those expected at the verdict's floor first (their trial's accuracy, or with ``pooled`` the
@@ -93,14 +105,17 @@ def confirm(replay: Replay, measured: dict[Config, tuple[float, float]], rounds:
         expected = {c: accuracy.estimate(dict(c)) for c in measured}
     feasible = sorted((c for c, (r, a) in measured.items() if r > 0 and a >= replay.search_floor
                        and c != replay.baseline), key=lambda c: -rank[c])
-    feasible = sorted(feasible, key=lambda c: expected[c] < replay.final_floor)[:candidates]
+    feasible = sorted(feasible, key=lambda c: expected[c] < replay.final_floor)
+    feasible = hedge(feasible, candidates, lambda c: tuple(dict(c).get(k) for k in hedged)) if hedged \
+        else feasible[:candidates]
     if not feasible:
         return replay.baseline
     ratios = {}
     # a round is one moment of the machine for everyone in it: here one pass of the grid, drawn at
     # random, in which every candidate and the baseline take that pass's measurement
-    moments = [replay.rng.randrange(min(len(replay.runs[c]) for c in [*feasible, replay.baseline]))
-               for _ in range(rounds)]
+    # (each round has its own seed, none the search's)
+    moments = [replay.rng.choice([p for p in range(min(len(replay.runs[c]) for c in [*feasible, replay.baseline]))
+                                  if p != replay.seed]) for _ in range(rounds)]
     for c in feasible:
         pairs = [(replay.runs[c][p], replay.runs[replay.baseline][p]) for p in moments]
         if statistics.fmean(a for (_, a), _ in pairs) < replay.final_floor:
@@ -114,7 +129,6 @@ def framework_advice(path: Path, runs: Runs) -> dict[str, Any]:
     """The seeds' advice (the framework space's ``advice``) on a CPU with the grid's cores and bf16
     (done in hardware or not: as the grid file records it, else as on this machine), for the knobs
     and values the grid has: the trial knobtune queues after the baseline."""
-    from knobtune.spaces import for_framework
     from knobtune.trainers.common import hostinfo
 
     measured = json.loads(path.read_text()).get("measured", {})
@@ -213,8 +227,10 @@ def main() -> int:
     # confirmation's variants, each on the same searches and the same rounds: candidates ranked by
     # their trials' rates or by the effects model; expected at the verdict's floor by their own
     # trial's accuracy or by the pooled accuracy model (knobtune's)
-    variants = {"rates, own accuracy": (False, False), "rates, pooled": (False, True),
-                "model, own accuracy": (True, False), "model, pooled": (True, True)}
+    learning = for_framework(framework).learning_knobs
+    variants = {"rates, own accuracy": (False, False, ()), "rates, pooled": (False, True, ()),
+                "model, own accuracy": (True, False, ()), "model, pooled": (True, True, ()),
+                "rates, pooled, hedged": (False, True, learning), "model, pooled, hedged": (True, True, learning)}
     for name, strategy in chosen:
         found: dict[str, list[float]] = {v: [] for v in variants}
         told: dict[str, list[bool]] = {v: [] for v in variants}
@@ -225,9 +241,10 @@ def main() -> int:
             measured: dict[Config, tuple[float, float]] = {}
             for c, m in asked:  # (a configuration asked again keeps its first measurement, as a study skips it)
                 measured.setdefault(c, m)
-            for variant, (model, pooled) in variants.items():
+            for variant, (model, pooled, hedged) in variants.items():
                 replay.rng = random.Random(1_000_003 * seed + 1)  # the same rounds for every variant
-                pick = confirm(replay, measured, args.rounds, args.candidates, model=model, pooled=pooled)
+                pick = confirm(replay, measured, args.rounds, args.candidates, model=model, pooled=pooled,
+                               hedged=hedged)
                 found[variant].append(replay.score(pick))
                 told[variant].append(pick in close)
             best, hit = 0.0, None
@@ -241,7 +258,7 @@ def main() -> int:
               f"{statistics.median(hits) if hits else float('nan'):.0f}")
         for variant in variants:
             picks = found[variant]
-            print(f"    confirmed ({variant:19s}) / grid best: median {statistics.median(picks):.2f}, "
+            print(f"    confirmed ({variant:21s}) / grid best: median {statistics.median(picks):.2f}, "
                   f"seeds >= 0.95: {sum(f >= 0.95 for f in picks) / len(picks):.0%}, worst {min(picks):.2f}, "
                   f"not told from the best: {sum(told[variant]) / len(picks):.0%}")
     return 0

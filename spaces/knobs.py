@@ -134,6 +134,9 @@ class Space:
     script: Callable[[Shown], str] = lambda shown: ""
     # the export snippet of a trainer library's script (its arguments), by the integration's name
     integrations: Mapping[str, Callable[[Shown], str]] = field(default_factory=dict)
+    # the knobs that change what is learnt (the batch a gradient averages, the arithmetic's
+    # precision, which samples share a batch), not only how fast: confirmation hedges over them
+    learning_knobs: tuple[str, ...] = ()
 
     @property
     def names(self) -> list[str]:

@@ -422,4 +422,5 @@ def input_variants(ctx: Context) -> dict[str, dict[str, Any]]:
 
 
 SPACE = Space("pytorch", KNOBS, advice=advice, input_variants=input_variants, invalid=invalid, script=script,
-              integrations={libraries.HF: libraries.hf_script, libraries.LIGHTNING: libraries.lightning_script})
+              integrations={libraries.HF: libraries.hf_script, libraries.LIGHTNING: libraries.lightning_script},
+              learning_knobs=("batch_size", "accumulation_steps", "amp", "matmul_precision", "group_by_length"))

@@ -399,4 +399,5 @@ def input_variants(ctx: Context) -> dict[str, dict[str, Any]]:
 
 
 SPACE = Space("tensorflow", KNOBS, advice=advice, input_variants=input_variants, invalid=invalid, script=script,
-              integrations={STEP: step_script})
+              integrations={STEP: step_script},
+              learning_knobs=("batch_size", "accumulation_steps", "mixed_precision", "tf32"))

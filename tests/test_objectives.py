@@ -426,6 +426,36 @@ def test_a_candidate_is_expected_at_the_floor_by_every_trial_of_its_values_not_i
     assert 1 not in [t.number for t in chosen[:2]]
 
 
+def test_a_line_up_that_trains_alike_keeps_its_last_place_for_the_fastest_that_trains_otherwise():
+    # TensorFlow's seed 3 here: every search trial had one seed, in which batch 512 looked as
+    # accurate as 256; the three fastest were all batch 512 (they then failed the floor together in
+    # the rounds' seeds and kept the baseline). Hedged over batch size, the last place goes to the
+    # fastest batch 256; prefetch, a knob that does not change what is learnt, is not hedged over.
+    study = optuna.create_study(direction="maximize")
+    choices = {"batch_size": optuna.distributions.CategoricalDistribution([64, 256, 512]),
+               "prefetch": optuna.distributions.CategoricalDistribution([0, 1])}
+    rows = [((64, 0), 6327), ((512, 1), 9904), ((512, 0), 9715), ((256, 1), 8905), ((256, 0), 8482), ((64, 1), 7095)]
+    rows.insert(3, ((512, 0), 9131))  # (a repeat of #2's values: one candidate per configuration)
+    for number, ((batch, prefetch), rate) in enumerate(rows):
+        study.add_trial(optuna.trial.create_trial(
+            params={"batch_size": batch, "prefetch": prefetch}, distributions=choices, value=rate,
+            user_attrs={"outcome": "ok", "val_accuracy": 0.942, "is_baseline": number == 0,
+                        "samples_per_second": rate}))
+    assert [t.number for t in confirm.candidates(study, 2, floor=0.936)[0]] == [1, 2]
+    hedged, _ = confirm.candidates(study, 2, floor=0.936, learning=("batch_size",))
+    assert [t.number for t in hedged] == [1, 4]
+    assert [t.number for t in confirm.candidates(study, 3, floor=0.936, learning=("batch_size",))[0]] == [1, 2, 4]
+    # a line-up that already trains two ways, or a study with nothing else, is left as it is
+    assert [t.number for t in confirm.candidates(study, 4, floor=0.936, learning=("batch_size",))[0]] == [1, 2, 4, 5]
+    assert [t.number for t in confirm.candidates(study, 3, floor=0.936, learning=("prefetch",))[0]] == [1, 2, 4]
+    assert confirm.hedge([1, 2, 3], 2, lambda c: "alike") == [1, 2]
+    assert confirm.hedge([1, 2, 3], 1, lambda c: c) == [1]
+    from knobtune.spaces import for_framework
+    for framework in ("pytorch", "tensorflow"):  # every knob the spaces hedge over is one of theirs
+        space = for_framework(framework)
+        assert "batch_size" in space.learning_knobs and set(space.learning_knobs) <= set(space.names)
+
+
 def test_a_burst_too_short_for_a_batch_is_known_before_a_child_and_not_proposed(tmp_path: Path):
     # 640 samples, 64 of warm-up, 3 windows: batch 256 and up leave 2 micro-batches for 3 windows,
     # which the child's schedule refuses; the engine knows it from the study file alone, and the
