@@ -2,9 +2,10 @@
 the real benchmark (benchmarks/search_quality.py), never to replace it.
 
 The grid file is search_quality.py's (--grid-file): every configuration of a small space measured
-in several passes on this machine. A replayed trial of a configuration draws one of its passes at
-random (its rate and accuracy: the machine's own noise, as measured); a configuration whose passes
-all failed fails. Each strategy has the same trial budget; its pick is then re-measured as
+in several passes on this machine, pass p with seed p. A replayed study has a seed (one pass): a
+trial of a configuration takes its rate from one of its passes at random (the machine's own noise,
+as measured) and its accuracy from the study's pass (a study runs every trial with its seed, so
+they share that seed's luck); a configuration whose passes all failed fails. Each strategy has the same trial budget; its pick is then re-measured as
 knobtune's confirmation does (the top candidates and the baseline in --rounds rounds, each round
 one pass of the grid drawn at random, in which all of them take that pass's measurement, as a real
 round measures them all within a minute; the median paired ratio; a candidate must be 3 % faster
@@ -13,7 +14,8 @@ the grid's median rate, as search_quality.py scores it. The accuracy floors are 
 its baseline's two seeds (two passes drawn for each replayed study): the search's guard, with
 their spread as its allowance for noise, and the verdict's, without it; confirmation's candidates
 are those the search's guard passed, the ones expected at the verdict's floor first (by their own
-trial's accuracy, or by the accuracy model pooled over every trial: ``--only`` picks rows). What
+trial's accuracy, or by the accuracy model pooled over every trial), the line-up hedged or not over
+the space's learning knobs (confirm.hedge; ``--only`` picks the strategies). What
 this leaves out: pruning and the real study's duplicate handling.
 
     .venv/bin/python benchmarks/search_replay.py GRID.json [--trials 10] [--seeds 200]
