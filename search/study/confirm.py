@@ -51,7 +51,10 @@ def candidates(study: optuna.Study, top_k: int, floor: float | None = None,
         return out[:top_k], None
     expected = expected_accuracy(study.get_trials(deepcopy=False))
     out.sort(key=lambda t: expected(t) < floor)  # (a stable sort: the order by objective holds within each group)
-    return hedge(out, top_k, lambda t: tuple(t.params.get(k) for k in learning)), None
+    expected_ok = [t for t in out if expected(t) >= floor]  # (the hedge never trades one of them for one under)
+    if len(expected_ok) < top_k:
+        return out[:top_k], None
+    return hedge(expected_ok, top_k, lambda t: tuple(t.params.get(k) for k in learning)), None
 
 
 def hedge(ranked: list[T], top_k: int, trains_as: Callable[[T], Hashable]) -> list[T]:
