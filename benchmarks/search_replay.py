@@ -5,7 +5,8 @@ The grid file is search_quality.py's (--grid-file): every configuration of a sma
 in several passes on this machine, pass p with seed p. A replayed study has a seed (one pass): a
 trial of a configuration takes its rate from one of its passes at random (the machine's own noise,
 as measured) and its accuracy from the study's pass (a study runs every trial with its seed, so
-they share that seed's luck); a configuration whose passes all failed fails. Each strategy has the same trial budget; its pick is then re-measured as
+they share that seed's luck); a configuration whose passes all failed fails. Each strategy has the
+same trial budget; its pick is then re-measured as
 knobtune's confirmation does (the top candidates and the baseline in --rounds rounds, each round
 one pass of the grid drawn at random, in which all of them take that pass's measurement, as a real
 round measures them all within a minute; the median paired ratio; a candidate must be 3 % faster
@@ -15,7 +16,7 @@ its baseline's two seeds (two passes drawn for each replayed study): the search'
 their spread as its allowance for noise, and the verdict's, without it; confirmation's candidates
 are those the search's guard passed, the ones expected at the verdict's floor first (by their own
 trial's accuracy, or by the accuracy model pooled over every trial), the line-up hedged or not over
-the space's learning knobs (confirm.hedge; ``--only`` picks the strategies). What
+the space's learning knobs (confirm.line_up; ``--only`` picks the strategies). What
 this leaves out: pruning and the real study's duplicate handling.
 
     .venv/bin/python benchmarks/search_replay.py GRID.json [--trials 10] [--seeds 200]
@@ -36,9 +37,8 @@ import optuna
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 from knobtune.search.study.effects import ACCURACY_PENALTY, Effects, EffectsSampler, with_failures  # noqa: E402
-from knobtune.search.study.confirm import hedge  # noqa: E402
+from knobtune.search.study.confirm import line_up  # noqa: E402
 from knobtune.search.study.objective import accuracy_floor, final_floor  # noqa: E402
-
 from knobtune.spaces import for_framework  # noqa: E402
 
 from _bench import grid_baseline, grid_runs, grid_table, reference_spread, settled  # noqa: E402
@@ -107,9 +107,8 @@ def confirm(replay: Replay, measured: dict[Config, tuple[float, float]], rounds:
         expected = {c: accuracy.estimate(dict(c)) for c in measured}
     feasible = sorted((c for c, (r, a) in measured.items() if r > 0 and a >= replay.search_floor
                        and c != replay.baseline), key=lambda c: -rank[c])
-    feasible = sorted(feasible, key=lambda c: expected[c] < replay.final_floor)
-    feasible = hedge(feasible, candidates, lambda c: tuple(dict(c).get(k) for k in hedged)) if hedged \
-        else feasible[:candidates]
+    feasible = line_up(feasible, candidates, lambda c: expected[c] >= replay.final_floor,
+                       lambda c: tuple(dict(c).get(k) for k in hedged))
     if not feasible:
         return replay.baseline
     ratios = {}

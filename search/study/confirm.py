@@ -50,11 +50,15 @@ def candidates(study: optuna.Study, top_k: int, floor: float | None = None,
     if floor is None:
         return out[:top_k], None
     expected = expected_accuracy(study.get_trials(deepcopy=False))
-    out.sort(key=lambda t: expected(t) < floor)  # (a stable sort: the order by objective holds within each group)
-    expected_ok = [t for t in out if expected(t) >= floor]  # (the hedge never trades one of them for one under)
-    if len(expected_ok) < top_k:
-        return out[:top_k], None
-    return hedge(expected_ok, top_k, lambda t: tuple(t.params.get(k) for k in learning)), None
+    return line_up(out, top_k, lambda t: expected(t) >= floor, lambda t: tuple(t.params.get(k) for k in learning)), None
+
+
+def line_up(ranked: list[T], top_k: int, at_floor: Callable[[T], bool], trains_as: Callable[[T], Hashable]) -> list[T]:
+    """The ``top_k`` of ``ranked`` to confirm: those expected at the floor first (in their order),
+    ``hedge``d among them when there are enough (it never trades one for one under the floor)."""
+    ordered = sorted(ranked, key=lambda c: not at_floor(c))  # (stable: the order by objective holds)
+    expected_ok = [c for c in ordered if at_floor(c)]
+    return hedge(expected_ok, top_k, trains_as) if len(expected_ok) >= top_k else ordered[:top_k]
 
 
 def hedge(ranked: list[T], top_k: int, trains_as: Callable[[T], Hashable]) -> list[T]:
