@@ -50,7 +50,7 @@ demo-tensorflow: install
 PYTEST_WORKERS ?= 3
 
 test: install
-	$(PY) -m pytest -q -n $(PYTEST_WORKERS)
+	$(PY) -m pytest -q -n $(PYTEST_WORKERS) --dist loadgroup
 
 test-cuda: install
 	$(PY) -m pytest -q -m cuda
