@@ -275,6 +275,9 @@ def main() -> int:
                 studies[strategy] = study
                 picks[strategy].append(results.best(study))
                 searches[strategy].append(study)
+                pick = picks[strategy][-1]  # (printed, so that a log can be scored against another grid)
+                print(f"   seed {seed}: {strategy} picked "
+                      + (f"#{pick.number} {dict(key(pick.params))}" if pick else "nothing"), flush=True)
             # the wall time of --trials full trials: random search's trials are never pruned
             full = [(t.datetime_complete - t.datetime_start).total_seconds() for t in studies["random"].trials
                     if t.datetime_start is not None and t.datetime_complete is not None]
