@@ -58,7 +58,8 @@ def module_fixture_groups(items: list[pytest.Item]) -> None:
         info = getattr(item, "_fixtureinfo", None)  # (pytest's; without it nothing is grouped)
         defs = getattr(info, "name2fixturedefs", {}) or {}
         if any(d.scope == "module" for name in item.fixturenames for d in defs.get(name, ())):
-            item.add_marker(pytest.mark.xdist_group(item.module.__name__ if item.module else item.nodeid))
+            module = getattr(item, "module", None)
+            item.add_marker(pytest.mark.xdist_group(module.__name__ if module else item.nodeid))
 
 
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
