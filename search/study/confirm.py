@@ -70,12 +70,12 @@ def hedge(ranked: list[T], top_k: int, trains_as: Callable[[T], Hashable]) -> li
     failed the floor in the rounds' seeds together, and kept the baseline (2 of 5 TensorFlow
     searches here); a line-up that also holds the fastest configuration training otherwise has a
     winner left when they fail."""
-    line_up = ranked[:top_k]
-    if top_k < 2 or len({trains_as(c) for c in line_up}) != 1:
-        return line_up
-    alike = trains_as(line_up[0])
+    first = ranked[:top_k]
+    if top_k < 2 or len({trains_as(c) for c in first}) != 1:
+        return first
+    alike = trains_as(first[0])
     other = next((c for c in ranked[top_k:] if trains_as(c) != alike), None)
-    return line_up if other is None else line_up[:-1] + [other]
+    return first if other is None else first[:-1] + [other]
 
 
 def expected_accuracy(trials: list[FrozenTrial]) -> Callable[[FrozenTrial], float]:
