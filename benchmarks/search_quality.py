@@ -9,6 +9,9 @@ configurations; TensorFlow's xla adds jit_compile, 64):
      advice, confirmation of the winner) and a plain random-search study (RandomSampler, the
      baseline first as the accuracy guard needs it, no advice, no confirmation);
   3. the Lightning-style policy: the largest batch that runs, every other knob at its default;
+  3b. beside the searches (--beside-rounds): the grid's top, every pick and the Lightning-style
+     choice measured again in paired rounds, in the same hour as the searches (the grid may be
+     hours old, and this machine's top reorders between hours): the first reference printed;
   4. the knobtune winner: burst-length and 10x longer runs, paired, against what it predicted.
 Every configuration is scored by its entry in the grid table (one common measurement), so the
 strategies are compared on what they chose, not on the luck of their own measurements.
@@ -89,6 +92,21 @@ def _write_grid(path: Path, framework: str, space: str, runs: dict, top: dict) -
                                 "top": [[list(map(list, k)), v] for k, v in top.items()]}))
 
 
+def _rounds(plan: Any, configs: dict[tuple, dict[str, Any]], rounds: int, first_seed: int, label: str,
+            first_round: int = 0) -> dict[tuple, list[tuple[float, float]]]:
+    """Each of ``configs`` measured once a round, every round in its own shuffled order (round r
+    with seed offset ``first_seed`` + r): its (samples/s, accuracy) runs, paired by round."""
+    runs: dict[tuple, list[tuple[float, float]]] = {k: [] for k in configs}
+    order = list(configs)
+    for r in range(first_round, first_round + rounds):
+        random.Random(r).shuffle(order)
+        for i, k in enumerate(order):
+            m = run_params(plan, configs[k], f"{label} {r + 1}:{i + 1}/{len(order)}",
+                           seed_offset=first_seed + r - first_round)
+            runs[k].append((m.samples_per_second or 0.0, m.val_accuracy or 0.0))
+    return runs
+
+
 def _summary(name: str, ref: dict[tuple, tuple[float, float]], floor: float, key: Callable[[dict], tuple],
              picks: dict[str, list[FrozenTrial | None]], searches: dict[str, list[Any]], budgets: list[float],
              trials: int) -> None:
@@ -163,6 +181,10 @@ def main() -> int:
                         help="passes over the grid, each with its own seed; a config is scored by its median "
                              "rate and mean accuracy (default 3; a --grid-file with fewer gets the rest measured "
                              "and added, one with more is read whole)")
+    parser.add_argument("--beside-rounds", type=int, default=6,
+                        help="paired rounds, after the searches, of the grid's top, every pick and the "
+                             "Lightning-style choice: the reference measured in the same hour as the searches, "
+                             "which the others are printed beside; 0: none (default 6)")
     parser.add_argument("--top-rounds", type=int, default=8,
                         help=f"paired rounds of the grid's top (within {TOP_BAND:.0%}% of its best, or not told from "
                              "it by the passes), the reference "
@@ -234,13 +256,9 @@ def main() -> int:
     if args.top_rounds > have and len(top) > 1:
         print(f"   the top ({len(top)} configurations within {TOP_BAND:.0%} of the best or not told from it): "
               f"{args.top_rounds - have} paired rounds, each in its own shuffled order", flush=True)
-        top_runs = {k: top_runs.get(k, [])[:have] for k in top}
-        order = list(top)
-        for r in range(have, args.top_rounds):
-            random.Random(r).shuffle(order)
-            for i, k in enumerate(order):
-                m = run_params(plan, params_of[k], f"top {r + 1}:{i + 1}/{len(top)}", seed_offset=passes + r)
-                top_runs[k].append((m.samples_per_second or 0.0, m.val_accuracy or 0.0))
+        more = _rounds(plan, {k: params_of[k] for k in top}, args.top_rounds - have, first_seed=passes + have,
+                       label="top", first_round=have)
+        top_runs = {k: top_runs.get(k, [])[:have] + more[k] for k in top}
         if args.grid_file is not None:
             _write_grid(args.grid_file, fw, space_text, measured, top_runs)
     top_runs = {k: v[:args.top_rounds] for k, v in top_runs.items()} if args.top_rounds else {}
@@ -286,6 +304,28 @@ def main() -> int:
     print("\n3. Lightning-style: the largest batch that runs, other knobs at defaults", flush=True)
     lightning = dict(base_params, batch_size=max(offer.choices["batch_size"]))
 
+    # The grid may be hours old, and on this machine the top reorders between hours: its top, every
+    # pick and the Lightning-style choice are measured again now, in paired rounds (each round in its
+    # own shuffled order, with seeds no pass or round used), the reference of the same hour.
+    beside_keys = sorted(set(top) | {key(p.params) for ps in picks.values() for p in ps if p} | {key(lightning)},
+                         key=repr)
+    if args.beside_rounds:
+        print(f"\n3b. beside the searches: {len(beside_keys)} configurations (the grid's top, every pick, "
+              f"Lightning-style), {args.beside_rounds} paired rounds", flush=True)
+        beside_runs = _rounds(plan, {k: params_of[k] for k in beside_keys}, args.beside_rounds,
+                              first_seed=passes + args.top_rounds, label="beside")
+        every_run = {k: measured[k] + top_runs.get(k, []) for k in measured}  # (accuracies: every seed measured)
+        references = {"beside the searches": settled(table, beside_runs, every_run), **references}
+        spread = reference_spread(measured, beside_runs, floor)
+        close = {k for k, (_, high, _) in spread.items() if high >= 0.95}
+        ref = references["beside the searches"]
+        print("   reference 'beside the searches': " + ", ".join(
+            f"{ref[k][0]:,.0f}" for k in sorted(beside_keys, key=lambda k: -ref[k][0])), flush=True)
+        print(f"   its own spread: {len(close)} cannot be told from the best", flush=True)
+        for k in sorted(spread, key=lambda k: -spread[k][2])[:len(close)]:
+            low, high, share = spread[k]
+            print(f"     {low:.2f}-{high:.2f}  {share:4.0%}  {dict(k)}", flush=True)
+
     print(f"\n4. the knobtune winner (seed 0), burst and 10x longer runs, paired x{args.long_repeats}", flush=True)
     winner = next((w for w in picks["knobtune"] if w is not None), None)
     study_of_winner = searches["knobtune"][picks["knobtune"].index(winner)] if winner else None
@@ -303,7 +343,9 @@ def main() -> int:
           f"budget {args.trials} trials, {args.seeds} seeds ===")
     rounds = min((len(v) for v in top_runs.values()), default=0)
     print(f"the grid: {passes} passes (a configuration's fastest over its slowest: median "
-          f"{statistics.median(spreads):.0%}); its top {len(top)} in {rounds} paired rounds")
+          f"{statistics.median(spreads):.0%}); its top {len(top)} in {rounds} paired rounds"
+          + (f"; beside the searches, {len(beside_keys)} configurations in {args.beside_rounds} paired rounds"
+             if args.beside_rounds else ""))
     for name, ref in references.items():
         _summary(name, ref, floor, key, picks, searches, budgets, args.trials)
     # the grid may have been measured on another day (--grid-file): the baseline now against then
@@ -317,7 +359,8 @@ def main() -> int:
               + ("" if 0.8 <= ratio <= 1.25 else "; the machine has changed since the grid: its ranking may not "
                  "hold now"))
     told = {s: [bool(p) and key(p.params) in close for p in ps] for s, ps in picks.items()}
-    print(f"\npicks the grid cannot tell from its best (95th percentile of their ratio >= 0.95; {len(close)} of "
+    print(f"\npicks the reference '{next(iter(references))}' cannot tell from its best (95th percentile of "
+          f"their ratio >= 0.95; {len(close)} of "
           f"{len(grid)} configurations): knobtune {sum(told['knobtune'])}/{args.seeds}   "
           f"random {sum(told['random'])}/{args.seeds}")
     table_l = references[next(iter(references))]
