@@ -3,6 +3,7 @@ and cannot tell apart, on made-up grids whose answer is known."""
 from __future__ import annotations
 
 import random
+import statistics
 import sys
 from pathlib import Path
 
@@ -10,7 +11,7 @@ import pytest
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "benchmarks"))
 
-from _bench import reference_spread  # noqa: E402
+from _bench import reference_spread, settled, split_best  # noqa: E402
 
 A, B, C, LOW = (("batch_size", 256),), (("batch_size", 128),), (("batch_size", 64),), (("batch_size", 512),)
 
@@ -43,3 +44,34 @@ def test_paired_rounds_separate_what_the_drifting_passes_could_not():
     assert spread[B][:2] == pytest.approx((0.85, 0.85)) and spread[B][2] == 0.0
     # without the paired rounds the passes alone cannot tell them apart
     assert reference_spread(measured, {}, floor=0.9)[B][1] >= 0.95
+
+
+def test_the_split_best_is_not_inflated_by_the_luck_of_the_rounds_that_chose_it():
+    # six configurations equal in truth, eight paired rounds of independent noise: the fastest by all
+    # eight rounds overstates their common rate; chosen on half the rounds and measured on the other,
+    # the best's rate is the common rate, up to the noise of four rounds
+    configs = [(("batch_size", b),) for b in (16, 32, 64, 128, 256, 512)]
+    inflated, split = [], []
+    for seed in range(200):
+        rng = random.Random(seed)
+        rounds = {k: [(100 * rng.uniform(0.8, 1.2), 0.95) for _ in range(8)] for k in configs}
+        table = {k: (100.0, 0.95) for k in configs}
+        whole = settled(table, rounds, rounds)
+        inflated.append(max(whole[k][0] for k in configs))
+        got = split_best(table, rounds, rounds, floor=0.9)
+        assert got is not None and all(k in configs for k in got[1])
+        split.append(got[0])
+    assert statistics.fmean(inflated) > 104  # the winner's curse, on this noise
+    assert abs(statistics.fmean(split) - 100) < 2
+
+
+def test_the_split_best_keeps_a_clear_winner_and_skips_what_fails_the_floor():
+    rng = random.Random(3)
+    levels = [rng.uniform(50, 150) for _ in range(8)]
+    rounds = {A: [(x, 0.95) for x in levels], B: [(0.8 * x, 0.95) for x in levels],
+              LOW: [(1.5 * x, 0.80) for x in levels]}
+    table = {k: (statistics.median(r for r, _ in v), 0.95 if k != LOW else 0.80) for k, v in rounds.items()}
+    rate, chosen = split_best(table, rounds, rounds, floor=0.9)
+    assert chosen == [A, A]
+    assert rate == pytest.approx(settled(table, rounds, rounds)[A][0], rel=0.01)
+    assert split_best(table, {k: v[:1] for k, v in rounds.items()}, rounds, floor=0.9) is None
