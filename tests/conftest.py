@@ -48,22 +48,11 @@ def pytest_configure(config: pytest.Config) -> None:
 HAVE_TENSORFLOW = _installed("tensorflow")
 
 
-def module_fixture_groups(items: list[pytest.Item]) -> None:
-    """Each test that uses a module-scoped fixture (a study run once, a PostgreSQL server, a
-    browser's recorded storage) joins its module's xdist group, so that under ``--dist loadgroup``
-    (the Makefile's) the fixture is built in one worker instead of once in every worker that
-    happens to draw one of its tests (test_warmstart's two sources alone took 30 s a worker).
-    The other tests are scheduled one by one, as under ``--dist load``."""
-    for item in items:
-        info = getattr(item, "_fixtureinfo", None)  # (pytest's; without it nothing is grouped)
-        defs = getattr(info, "name2fixturedefs", {}) or {}
-        if any(d.scope == "module" for name in item.fixturenames for d in defs.get(name, ())):
-            module = getattr(item, "module", None)
-            item.add_marker(pytest.mark.xdist_group(module.__name__ if module else item.nodeid))
+# each test that uses a module-scoped fixture runs in its module's pytest-xdist group (xdist_groups.py)
+pytest_plugins = ["xdist_groups"]
 
 
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
-    module_fixture_groups(items)
     if any("cuda" in item.keywords for item in items) and not torch_cuda():
         skip = pytest.mark.skip(reason="needs a CUDA device")
         for item in items:
