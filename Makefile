@@ -13,7 +13,7 @@ TF_CPU := tensorflow-cpu==2.21.0
 STAMP := $(VENV)/.knobtune-installed
 KNOBTUNE := $(VENV)/bin/knobtune
 
-.PHONY: install demo demo-pytorch demo-tensorflow test test-cuda benchmark dashboard clean
+.PHONY: install demo demo-pytorch demo-tensorflow test test-long test-cuda benchmark dashboard clean
 
 $(PY):
 	@if $(PYTHON) -c "import torch" 2>/dev/null || $(PYTHON) -c "import tensorflow" 2>/dev/null; then \
@@ -49,8 +49,14 @@ demo-tensorflow: install
 # PYTEST_WORKERS=0 runs them in this one process.
 PYTEST_WORKERS ?= 3
 
+# `make test` is the ten-minute suite; the six tests marked `long` (each an end-to-end run of the
+# Hugging Face Trainer, Lightning, a hand-written TensorFlow step, or a data-parallel script and its
+# winner in production: 40-70 s each here) run in `make test-long`. CI runs both; plain `pytest`, all.
 test: install
-	$(PY) -m pytest -q -n $(PYTEST_WORKERS) --dist loadgroup
+	$(PY) -m pytest -q -n $(PYTEST_WORKERS) --dist loadgroup -m "not long" --durations=10
+
+test-long: install
+	$(PY) -m pytest -q -n $(PYTEST_WORKERS) --dist loadgroup -m long
 
 test-cuda: install
 	$(PY) -m pytest -q -m cuda

@@ -101,6 +101,7 @@ def test_a_builtin_study_measures_each_trial_as_one_group_of_ranks(tmp_path: Pat
     assert share["nproc"] == 2 and share["cores_per_rank"] >= 1
 
 
+@pytest.mark.long
 def test_a_script_study_of_two_ranks_and_its_winner_under_torchrun(tmp_path: Path):
     path = script_study(tmp_path, SCRIPTED, SCRIPT, ["--epochs", "50"], trials=2)
     knobtune("run", str(path), *FAST, cwd=tmp_path, check=0)

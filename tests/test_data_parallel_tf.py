@@ -67,6 +67,7 @@ steps_per_execution = [1]
 """
 
 
+@pytest.mark.long
 def test_a_builtin_study_trains_each_trial_as_mirrored_replicas(tmp_path: Path):
     proc = knobtune("run", str(study_file(tmp_path, BUILTIN.format(burst=TINY_BURST))), *FAST, cwd=tmp_path, check=0)
     assert "2 replicas per trial (MirroredStrategy in one process" in proc.stderr
@@ -101,6 +102,7 @@ def test_a_builtin_study_trains_each_trial_as_mirrored_replicas(tmp_path: Path):
     assert study.user_attrs["partition"]["nproc"] == 2
 
 
+@pytest.mark.long
 def test_a_script_study_of_two_replicas_and_its_winner_in_production(tmp_path: Path):
     path = script_study(tmp_path, SCRIPTED, SCRIPT, ["--epochs", "50"], trials=1)
     knobtune("run", str(path), *FAST, cwd=tmp_path, check=0)

@@ -32,6 +32,7 @@ prune_below = 0
 """)
 
 
+@pytest.mark.long
 def test_hf_trainer_example_is_tuned_exported_and_run_in_production(tmp_path: Path):
     path = library_study(tmp_path, "hf-example", HF_SCRIPT, ["--epochs", "1"], """
 batch_size = [16, 32]
@@ -104,6 +105,7 @@ trials = 2
 LIGHTNING_SCRIPT = ROOT / "studies" / "lightning_digits.py"
 
 
+@pytest.mark.long
 def test_lightning_example_is_tuned_exported_and_run_in_production(tmp_path: Path):
     pytest.importorskip("lightning")
     path = library_study(tmp_path, "lightning-example", LIGHTNING_SCRIPT, ["--epochs", "2"], """

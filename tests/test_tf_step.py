@@ -43,6 +43,7 @@ def step_study(directory: Path, name: str, script: Path, args: list[str], trials
                                               executions=executions, burst=TINY_BURST), name=f"{name}.toml")
 
 
+@pytest.mark.long
 def test_own_step_example_tuned_exported_and_run_in_production(tmp_path: Path):
     # (several steps per call in every trial, so in the winner's production run too)
     knobtune("run", str(step_study(tmp_path, "own-step", EXAMPLE, ["--epochs", "2"], 3, [2])), *FAST,
