@@ -73,11 +73,12 @@ class Replay:
         self.base_seeds = [runs[baseline][(self.seed + i) % passes][1] for i in range(min(BASELINE_RUNS, passes))]
         self.search_floor = accuracy_floor(self.base_seeds, MAX_DROP)
         self.final_floor = final_floor(self.base_seeds, MAX_DROP)
-        reference = settled(grid_table(runs), top or {}, runs)  # the paired rounds of the top, where measured
+        medians = grid_table(runs)
+        reference = settled(medians, top or {}, runs)  # the paired rounds of the top, where measured
         self.table = {c: rate for c, (rate, accuracy) in reference.items() if accuracy >= self.floor}
         # the best as search_quality.py scores it: where the top has paired rounds, chosen on half of
         # them and measured on the other half (split_best), not inflated by its own luck
-        split = split_best(grid_table(runs), top, runs, self.floor) if top else None
+        split = split_best(medians, top, runs, self.floor) if top else None
         self.best = split[0] if split else max(self.table.values())
 
     def measure(self, config: Config) -> tuple[float, float]:
