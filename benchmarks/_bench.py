@@ -28,7 +28,7 @@ trials = {trials}
 seed = {seed}
 
 [burst]
-train_samples = 16000
+train_samples = {train_samples}
 warmup_samples = 1000
 windows = 5
 timeout_s = 300
@@ -40,9 +40,15 @@ batch_size = 64
 """
 
 
-def study_text(name: str, framework: str, trials: int, seed: int, space: str) -> str:
-    """A digits-mlp study file: the benchmarks' common burst and baseline, then ``space`` lines."""
-    return STUDY_HEAD.format(name=name, framework=framework, trials=trials, seed=seed) + space
+TRAIN_SAMPLES = 16000
+
+
+def study_text(name: str, framework: str, trials: int, seed: int, space: str,
+               train_samples: int = TRAIN_SAMPLES) -> str:
+    """A digits-mlp study file: the benchmarks' common burst (``train_samples`` long) and baseline,
+    then ``space`` lines."""
+    return STUDY_HEAD.format(name=name, framework=framework, trials=trials, seed=seed,
+                             train_samples=train_samples) + space
 
 
 def space_lines(framework: str, searched: dict[str, list[Any]]) -> str:

@@ -47,6 +47,7 @@ from knobtune.search.storage.record import TrialRecord
 from knobtune.search.study.definition import SAMPLERS, StudySection
 from knobtune.search.study.objective import final_floor
 
+from _bench import TRAIN_SAMPLES as TRAIN_SAMPLES_COMMON
 from _bench import (grid_runs, grid_table, plan_for, reference_spread, run_params, run_study, settled, space_lines,
                     split_best, study_text)
 
@@ -62,23 +63,34 @@ SPACES = {(fw, "small"): space_lines(fw, searched) for fw, searched in SEARCHED.
 SPACES["tensorflow", "xla"] = space_lines("tensorflow", {**SEARCHED["tensorflow"], "jit_compile": [False, True]})
 BASELINE_EXTRA = {"pytorch": "persistent_workers = true\n", "tensorflow": ""}
 TOP_BAND = 0.10  # configurations this close to the grid's best are settled in paired rounds
+# The burst per framework (--train-samples). TensorFlow's at the benchmarks' common 16,000 samples: on this box
+# most of its trials were marked noisy, the input pipeline's read-ahead with no room to drain before the windows
+# (knobtune's own notes asked for up to 41,000) and windows under 0.1 s at batch 512; and batch 512 with
+# steps_per_execution 8 could not run at all (fewer than 5 executions). 48,000 leaves room for all of them.
+TRAIN_SAMPLES = {"pytorch": TRAIN_SAMPLES_COMMON, "tensorflow": 48000}
 
 
-def _read_grid(path: Path | None, framework: str, space: str,
+def _read_grid(path: Path | None, framework: str, space: str, train_samples: int,
                expected: dict[tuple, list[tuple[float, float]]]) -> tuple[dict, dict] | None:
     """The grid measured earlier at ``path`` (its passes, and the paired rounds of its top when
-    measured), when it holds this framework's space and every configuration."""
+    measured), when it holds this framework's space and every configuration. One measured with other
+    bursts than ``train_samples`` (a file that does not say: the common 16,000) is refused."""
     if path is None or not path.exists():
         return None
     data = json.loads(path.read_text())
     if data.get("framework") != framework or data.get("space") != space:
         print(f"   {path} holds another framework or space: measuring the grid again", flush=True)
         return None
+    if data.get("train_samples", TRAIN_SAMPLES_COMMON) != train_samples:  # not overwritten: it is a measurement
+        raise SystemExit(f"search_quality: {path} was measured with bursts of "
+                         f"{data.get('train_samples', TRAIN_SAMPLES_COMMON):,} samples, not {train_samples:,}: "
+                         f"pass --train-samples {data.get('train_samples', TRAIN_SAMPLES_COMMON)} to use it, "
+                         "or another --grid-file to measure a grid with these bursts")
     runs = grid_runs(data["runs"])
     return (runs, grid_runs(data.get("top", []))) if set(runs) == set(expected) else None
 
 
-def _write_grid(path: Path, framework: str, space: str, runs: dict, top: dict) -> None:
+def _write_grid(path: Path, framework: str, space: str, train_samples: int, runs: dict, top: dict) -> None:
     """The grid's passes and paired rounds, with when and where they were measured (a later run
     compares its baseline with the grid's: the machine may have changed since)."""
     import datetime
@@ -87,7 +99,7 @@ def _write_grid(path: Path, framework: str, space: str, runs: dict, top: dict) -
     from knobtune.trainers.common import hostinfo
 
     # (bf16_native: the seeds' advice asks for bf16 only on a CPU that does it in hardware; the replay reads it)
-    path.write_text(json.dumps({"framework": framework, "space": space,
+    path.write_text(json.dumps({"framework": framework, "space": space, "train_samples": train_samples,
                                 "measured": {"date": datetime.date.today().isoformat(), "cpus": os.cpu_count(),
                                              "machine": platform.machine(), "cpu_model": hostinfo.host()["cpu_model"],
                                              "bf16_native": hostinfo.cpu_bf16_native()},
@@ -176,6 +188,10 @@ def main() -> int:
     parser.add_argument("--space", choices=sorted({name for _, name in SPACES}), default="small",
                         help="the grid: small (32 configurations, both frameworks) or xla (TensorFlow: small "
                              "and jit_compile, 64)")
+    parser.add_argument("--train-samples", type=int, default=None,
+                        help="samples per burst, every measurement's (default: pytorch "
+                             f"{TRAIN_SAMPLES['pytorch']:,}, tensorflow {TRAIN_SAMPLES['tensorflow']:,}: "
+                             "TensorFlow's read-ahead needs room to drain before the windows)")
     parser.add_argument("--trials", type=int, default=10, help="trial budget per search (default 10)")
     parser.add_argument("--seeds", type=int, default=5,
                         help="searches per strategy, each with its own seed (default 5; 0: measure the grid only)")
@@ -203,13 +219,16 @@ def main() -> int:
         parser.error(f"--space {args.space} is not defined for {fw}; it has: "
                      f"{', '.join(name for f, name in SPACES if f == fw)}")
     space_text = SPACES[fw, args.space]
+    train_samples = args.train_samples or TRAIN_SAMPLES[fw]
 
     def text(name: str, seed: int, sampler: str = "tpe") -> str:
-        t = study_text(name, fw, args.trials, seed, space_text)
+        t = study_text(name, fw, args.trials, seed, space_text, train_samples)
         t = t.replace("[baseline]\nbatch_size = 64\n", "[baseline]\nbatch_size = 64\n" + BASELINE_EXTRA[fw])
         return t.replace(f"seed = {seed}\n", f"seed = {seed}\nsampler = \"{sampler}\"\n")
 
     plan = plan_for(text("grid", 0))
+    print(f"bursts of {train_samples:,} samples ({plan.definition.burst.warmup_samples:,} of them warm-up), "
+          f"{plan.definition.burst.windows} windows", flush=True)
     space, offer = plan.space, plan.offer
     drop = plan.definition.guard.max_accuracy_drop
 
@@ -220,7 +239,7 @@ def main() -> int:
     grid = list(space.grid(offer))
     params_of = {key(p): p for p in grid}
     measured: dict[tuple, list[tuple[float, float]]] = {key(p): [] for p in grid}
-    kept = _read_grid(args.grid_file, fw, space_text, measured)
+    kept = _read_grid(args.grid_file, fw, space_text, train_samples, measured)
     done = min(len(v) for v in kept[0].values()) if kept is not None else 0
     top_runs: dict[tuple, list[tuple[float, float]]] = {}
     if kept is not None:
@@ -239,7 +258,7 @@ def main() -> int:
                 measured[key(params)].append((r.samples_per_second or 0.0, r.val_accuracy or 0.0))
         top_runs = {}  # the top is chosen on the passes: new passes, a new top
         if args.grid_file is not None:
-            _write_grid(args.grid_file, fw, space_text, measured, top_runs)
+            _write_grid(args.grid_file, fw, space_text, train_samples, measured, top_runs)
     passes = min(len(v) for v in measured.values())
     print(f"   {passes} passes", flush=True)
     spreads = [max(r for r, _ in v) / min(r for r, _ in v) - 1 for v in measured.values() if min(r for r, _ in v) > 0]
@@ -268,7 +287,7 @@ def main() -> int:
                        label="top", first_round=have)
         top_runs = {k: top_runs.get(k, [])[:have] + more[k] for k in top}
         if args.grid_file is not None:
-            _write_grid(args.grid_file, fw, space_text, measured, top_runs)
+            _write_grid(args.grid_file, fw, space_text, train_samples, measured, top_runs)
     top_runs = {k: v[:args.top_rounds] for k, v in top_runs.items()} if args.top_rounds else {}
     references = {**({"paired top": settled(table, top_runs, measured)} if top_runs else {}), "grid medians": table}
     splits = {"paired top": split_best(table, top_runs, measured, floor)} if top_runs else {}

@@ -75,3 +75,23 @@ def test_the_split_best_keeps_a_clear_winner_and_skips_what_fails_the_floor():
     assert chosen == [A, A]
     assert rate == pytest.approx(settled(table, rounds, rounds)[A][0], rel=0.01)
     assert split_best(table, {k: v[:1] for k, v in rounds.items()}, rounds, floor=0.9) is None
+
+
+def test_a_grid_file_is_read_only_with_the_bursts_it_was_measured_with(tmp_path):
+    import json
+
+    from search_quality import _read_grid, _write_grid
+
+    path = tmp_path / "grid.json"
+    runs = {A: [(100.0, 0.95)], B: [(90.0, 0.96)]}
+    _write_grid(path, "tensorflow", "space", 48000, runs, {})
+    assert _read_grid(path, "tensorflow", "space", 48000, {A: [], B: []}) == (runs, {})
+    with pytest.raises(SystemExit, match="bursts of 48,000 samples, not 16,000: pass --train-samples 48000"):
+        _read_grid(path, "tensorflow", "space", 16000, {A: [], B: []})
+    assert json.loads(path.read_text())["runs"]  # refused, not overwritten
+    older = json.loads(path.read_text())
+    del older["train_samples"]  # grids measured before the option: the common burst
+    path.write_text(json.dumps(older))
+    assert _read_grid(path, "tensorflow", "space", 16000, {A: [], B: []}) == (runs, {})
+    with pytest.raises(SystemExit, match="16,000 samples, not 48,000"):
+        _read_grid(path, "tensorflow", "space", 48000, {A: [], B: []})
