@@ -9,8 +9,9 @@ they share that seed's luck); a configuration whose passes all failed fails. Eac
 same trial budget; its pick is then re-measured as
 knobtune's confirmation does (the top candidates and the baseline in --rounds rounds, each round
 one pass of the grid drawn at random, in which all of them take that pass's measurement, as a real
-round measures them all within a minute; the median paired ratio; a candidate must be 3 % faster
-than the baseline or the baseline is kept) and scored by
+round measures them all within a minute; knobtune's winner rule, confirm.choose_winner: a candidate
+must be 3 % faster than the baseline in the median paired ratio, and faster in most rounds, or the
+baseline is kept; among several, the fastest against the others) and scored by
 the grid's reference, as search_quality.py scores it (the top's paired rounds, and its best chosen
 on half of them and measured on the other half). The accuracy floors are knobtune's, from
 its baseline's two seeds (two passes drawn for each replayed study): the search's guard, with
@@ -38,7 +39,7 @@ import optuna
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 from knobtune.search.study.effects import ACCURACY_PENALTY, Effects, EffectsSampler, with_failures  # noqa: E402
-from knobtune.search.study.confirm import line_up  # noqa: E402
+from knobtune.search.study.confirm import choose_winner, line_up  # noqa: E402
 from knobtune.search.study.objective import accuracy_floor, final_floor  # noqa: E402
 from knobtune.spaces import for_framework  # noqa: E402
 
@@ -49,6 +50,7 @@ Runs = dict[Config, list[tuple[float, float]]]
 
 MAX_DROP = 0.02  # [guard] max_accuracy_drop's default
 BASELINE_RUNS = 2  # [guard] baseline_runs' default
+MIN_SPEEDUP = 0.03  # [confirm] min_speedup's default
 
 
 def load(path: Path) -> tuple[str, Runs, Runs]:
@@ -98,8 +100,8 @@ def confirm(replay: Replay, measured: dict[Config, tuple[float, float]], rounds:
     rates, as knobtune ranks them, or with ``model`` by the per-knob effects model's estimates),
     those expected at the verdict's floor first (their trial's accuracy, or with ``pooled`` the
     accuracy model's estimate, as confirm.candidates does), and the baseline, in ``rounds`` rounds
-    (each one pass of the grid, for all of them); the candidate with the best median ratio to the
-    baseline, if it is 3 % faster and its mean accuracy over the rounds met the verdict's floor."""
+    (each one pass of the grid, for all of them); the winner by knobtune's rule (confirm.choose_winner)
+    among those whose mean accuracy over the rounds met the verdict's floor."""
     rank = {c: r for c, (r, _) in measured.items()}
     seen = with_failures([(dict(c), math.log(r) if r > 0 and a >= replay.search_floor else None)
                           for c, (r, a) in measured.items()])
@@ -117,7 +119,6 @@ def confirm(replay: Replay, measured: dict[Config, tuple[float, float]], rounds:
                        lambda c: tuple(dict(c).get(k) for k in hedged))
     if not feasible:
         return replay.baseline
-    ratios = {}
     # a round is one moment of the machine for everyone in it: here one pass of the grid, drawn at
     # random, in which every candidate and the baseline take that pass's measurement
     # (each round has its own seed, none the search's)
@@ -125,13 +126,11 @@ def confirm(replay: Replay, measured: dict[Config, tuple[float, float]], rounds:
                                   if p != replay.seed]) for _ in range(rounds)]
     # the verdict's floor, as confirm._verdict takes it: every baseline accuracy measured, the rounds' too
     verdict = final_floor(replay.base_seeds + [replay.runs[replay.baseline][p][1] for p in moments], MAX_DROP)
-    for c in feasible:
-        pairs = [(replay.runs[c][p], replay.runs[replay.baseline][p]) for p in moments]
-        if statistics.fmean(a for (_, a), _ in pairs) < verdict:
-            continue
-        ratios[c] = statistics.median(r / max(b, 1e-9) for (r, _), (b, _) in pairs)
-    winner = max(ratios, key=ratios.get, default=None)
-    return winner if winner is not None and ratios[winner] >= 1.03 else replay.baseline
+    passed = [c for c in feasible if statistics.fmean(replay.runs[c][p][1] for p in moments) >= verdict]
+    rounds_of = {str(i): [{"value": replay.runs[c][p][0] or None} for p in moments] for i, c in enumerate(passed)}
+    rounds_of["-1"] = [{"value": replay.runs[replay.baseline][p][0] or None} for p in moments]
+    winner, _ = choose_winner(rounds_of, -1, list(range(len(passed))), False, MIN_SPEEDUP)
+    return passed[winner] if winner >= 0 else replay.baseline
 
 
 def framework_advice(path: Path, runs: Runs) -> dict[str, Any]:

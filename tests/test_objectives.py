@@ -150,6 +150,27 @@ def test_winner_rule_pairs_rounds_and_keeps_the_baseline_unless_beaten_consisten
     assert choose_winner({"0": runs(10, 10, 10), "1": runs(8, 8, 9)}, 0, [1], True, 0.03)[0] == 1
 
 
+def test_among_challengers_that_beat_the_baseline_the_one_faster_than_the_others_side_by_side_wins():
+    from knobtune.search.study.confirm import choose_winner
+
+    def runs(*values: float) -> list[dict]:
+        return [{"value": v} for v in values]
+
+    # the baseline's runs swing by a fifth; B's two best rounds fall on the baseline's slow ones, so
+    # its median ratio over the baseline is the higher, while A is faster than B in three rounds of five
+    base = runs(100, 90, 80, 100, 95)
+    a, b = runs(130, 130, 100, 130, 131), runs(120, 120, 125, 121, 140)
+    winner, paired = choose_winner({"0": base, "1": a, "2": b}, 0, [1, 2], False, 0.03)
+    assert paired["2"]["speedup"] > paired["1"]["speedup"]  # by the baseline, B
+    assert winner == 1 and paired["1"]["standing"] > 1 > paired["2"]["standing"]
+    # one finalist: nothing to stand against; the rule over the baseline alone decides
+    winner, paired = choose_winner({"0": base, "2": b}, 0, [2], False, 0.03)
+    assert winner == 2 and "standing" not in paired["2"]
+    # time-to-accuracy: fewer seconds against the others is faster
+    seconds = {"0": runs(20, 20, 20), "1": runs(10, 10, 12), "2": runs(11, 12, 11)}
+    assert choose_winner(seconds, 0, [1, 2], True, 0.03)[0] == 1
+
+
 def test_close_calls_are_fast_challengers_whose_accuracy_is_within_the_rounds_uncertainty_of_the_floor():
     from knobtune.search.study.confirm import _close_calls
 
@@ -224,8 +245,11 @@ def test_confirmation_interleaves_and_export_follows_the_confirmed_winner(tmp_pa
     beaters = [n for n, p in paired.items() if p["beats_baseline"]]
     for p in paired.values():
         assert p["beats_baseline"] == (p["speedup"] >= 1.03 and p["faster_rounds"] * 2 > p["rounds"])
-    if winner:
-        assert paired[str(winner)]["speedup"] == max(paired[n]["speedup"] for n in beaters)
+    if winner and len(beaters) > 1:  # the finalists against each other, round by round
+        assert paired[str(winner)]["standing"] == max(paired[n]["standing"] for n in beaters)
+        assert "that beat the baseline, the fastest against the others" in proc.stdout
+    elif winner:
+        assert beaters == [str(winner)] and "standing" not in paired[str(winner)]
     else:
         assert not beaters
     assert ("confirmed: trial #" if winner else "no configuration beat your current settings") in proc.stdout

@@ -172,9 +172,10 @@ def _paired_table(study: optuna.Study) -> str:
         rows.append([f"#{number}", f"{entry['speedup']:.2f}x" if entry.get("speedup") else "-",
                      f"{lo:.2f}x-{hi:.2f}x" if lo is not None else "-",
                      f"{entry.get('faster_rounds', 0)}/{entry.get('rounds', 0)}",
-                     "yes" if entry.get("beats_baseline") else "no"])
+                     "yes" if entry.get("beats_baseline") else "no",
+                     f"{entry['standing']:.2f}x" if entry.get("standing") else "-"])
     return findings.to_html([("table", ["candidate", "median paired speedup", "range", "faster rounds",
-                                     "beats the baseline"], rows)])
+                                     "beats the baseline", "against the other finalists"], rows)])
 
 
 def _effects_table(study: optuna.Study) -> str:

@@ -108,6 +108,10 @@ def _confirmed_line(confirmed: dict[str, Any]) -> str:
         f"; the search's own best was #{confirmed['searched_winner']}"
     speedup = f"{confirmed['speedup']:.2f}x" if confirmed.get("speedup") else "(no paired rounds)"
     line = f"  confirmed: trial #{confirmed['winner']} is {speedup} the baseline{spread(confirmed)}{changed}"
+    finalists = [n for n, entry in (confirmed.get("paired") or {}).items() if entry.get("standing") is not None]
+    if len(finalists) > 1:
+        others = ", ".join(f"#{n}" for n in finalists if n != str(confirmed["winner"]))
+        line += f"\n  of the {len(finalists)} that beat the baseline, the fastest against the others round by round ({others})"
     accuracy = (confirmed.get("mean_accuracies") or {}).get(str(confirmed["winner"]))
     if accuracy is not None and confirmed.get("accuracy_floor") is not None:
         line += (f"\n  final guard: its mean val_accuracy over the rounds' seeds {accuracy:.3f} >= "
