@@ -40,6 +40,7 @@ import optuna
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 from knobtune.search.study.effects import ACCURACY_PENALTY, Effects, EffectsSampler, with_failures  # noqa: E402
 from knobtune.search.study.confirm import choose_winner, line_up  # noqa: E402
+from knobtune.search.study.definition import ConfirmSection, GuardSection  # noqa: E402
 from knobtune.search.study.objective import accuracy_floor, final_floor  # noqa: E402
 from knobtune.spaces import for_framework  # noqa: E402
 
@@ -48,9 +49,9 @@ from _bench import grid_baseline, grid_runs, grid_table, reference_spread, settl
 Config = tuple[tuple[str, Any], ...]
 Runs = dict[Config, list[tuple[float, float]]]
 
-MAX_DROP = 0.02  # [guard] max_accuracy_drop's default
-BASELINE_RUNS = 2  # [guard] baseline_runs' default
-MIN_SPEEDUP = 0.03  # [confirm] min_speedup's default
+MAX_DROP = GuardSection.max_accuracy_drop  # the study file's defaults
+BASELINE_RUNS = GuardSection.baseline_runs
+MIN_SPEEDUP = ConfirmSection.min_speedup
 
 
 def load(path: Path) -> tuple[str, Runs, Runs]:
